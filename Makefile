@@ -1,0 +1,43 @@
+# gpuplane: `make demo` (embedded: SQLite, tasks in-process) and `make test`.
+# Python >= 3.12 is needed (Django 6); the first one found is used.
+
+PYTHON ?= $(shell for p in python3.13 python3.12 /root/.pyenv/versions/3.13.0/bin/python3 /root/.pyenv/versions/3.12.1/bin/python3 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { command -v $$p; break; }; done)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PG_URL ?= postgres://postgres@127.0.0.1:5432/gpuplane
+ADDRPORT ?= 127.0.0.1:8000
+
+.PHONY: demo test test-postgres lint check serve clean
+
+$(VENV)/.runtime: requirements.txt
+	@test -n "$(PYTHON)" || { echo "error: Python >= 3.12 not found; set PYTHON=/path/to/python3.12" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+## demo: migrate a SQLite database, load deploy/demo/cluster.yaml, place it, serve on $(ADDRPORT)
+demo: $(VENV)/.runtime
+	$(PY) manage.py demo --serve --addrport $(ADDRPORT)
+
+## test: the whole suite on SQLite (set DATABASE_URL to run it on PostgreSQL)
+test: $(VENV)/.dev
+	$(PY) -m pytest
+
+## test-postgres: the whole suite on the local PostgreSQL; skips count as failures
+test-postgres: $(VENV)/.dev
+	DATABASE_URL=$(PG_URL) GPUPLANE_FORBID_SKIPS=1 $(PY) -m pytest
+
+## lint: ruff and mypy (strict on the engine)
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+check: lint test test-postgres
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

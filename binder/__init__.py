@@ -1,0 +1,1 @@
+"""Books GPU devices onto nodes: mirror models, the pure engine, passes and their tasks."""

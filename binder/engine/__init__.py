@@ -1,0 +1,57 @@
+"""The pure binder engine: placement, set restoration and accounting, with no Django.
+
+Everything that decides where a GPU goes or how much a tenant uses lives here, so it
+can be tested with plain objects and reused unchanged by the database-backed passes,
+the webhook, the catalog and the usage records.
+"""
+
+from .accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
+from .launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
+from .placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, full_pass
+from .types import (
+    Budget,
+    Change,
+    ClassStatus,
+    Cluster,
+    DefaultBudget,
+    Device,
+    GpuClass,
+    Node,
+    Outcome,
+    PassResult,
+    Phase,
+    Pod,
+    Settings,
+    Vmi,
+)
+
+__all__ = [
+    "ANSWER_BOUND",
+    "ANSWER_REFUSED",
+    "Budget",
+    "Change",
+    "ClassStatus",
+    "Cluster",
+    "DefaultBudget",
+    "Device",
+    "GpuClass",
+    "Ledger",
+    "Limits",
+    "Node",
+    "Outcome",
+    "PassResult",
+    "Phase",
+    "Pod",
+    "RawUsage",
+    "Settings",
+    "Vmi",
+    "answer_pass",
+    "effective_limits",
+    "full_pass",
+    "is_launcher",
+    "launcher_of",
+    "ledger_for",
+    "raw_usage",
+    "raw_usage_of",
+    "tenant_usage",
+]

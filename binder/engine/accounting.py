@@ -1,0 +1,194 @@
+"""Accounting (SPEC §3): tenant usage per key, node booked units, effective limits.
+
+One ledger serves the binder (which updates it as it moves sets within a pass) and
+every read-only consumer (``dump_state``, the catalog, the admin), so "how much does
+tenant T use" and "how full is node N" have one answer everywhere. Pod usage comes
+from the shared launcher reader; it is never recomputed here by another rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .launcher import launcher_of, raw_usage
+from .types import Budget, Cluster, DefaultBudget, Device, GpuClass, Node, Phase, Pod, Vmi
+
+SetKey = tuple[str, str]
+
+
+def is_raw_key(key: str) -> bool:
+    """A budget key with a ``/`` is a raw resource name; any other key is a class name."""
+    return "/" in key
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A tenant's effective limits: the smallest limit per key over its budgets.
+
+    ``deny_rest`` is set when the tenant has no budget and ``GPUPLANE_DEFAULT_BUDGET=deny``:
+    every key is then limited to zero.
+    """
+
+    per_key: Mapping[str, int] = field(default_factory=dict)
+    deny_rest: bool = False
+
+    def limit(self, key: str) -> int | None:
+        if key in self.per_key:
+            return self.per_key[key]
+        return 0 if self.deny_rest else None
+
+
+def effective_limits(budgets: Iterable[Budget], default: DefaultBudget) -> Limits:
+    """Merge a namespace's budgets: the smallest limit per key wins."""
+    merged: dict[str, int] = {}
+    seen = False
+    for budget in budgets:
+        seen = True
+        for key, value in budget.limits.items():
+            merged[key] = min(merged.get(key, value), value)
+    return Limits(per_key=merged, deny_rest=not seen and default is DefaultBudget.DENY)
+
+
+@dataclass(slots=True)
+class Contribution:
+    """What one set (its devices plus its launcher pods) adds to nodes and to its tenant."""
+
+    booked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(node, resource) -> units."""
+    used: Counter[str] = field(default_factory=Counter)
+    """key (class name or raw resource) -> units, for the set's tenant."""
+
+
+class Ledger:
+    """Booked units per node and used units per tenant, kept current as sets change.
+
+    Each set's contribution is stored, so a set that moves is subtracted and re-added
+    without touching the rest of the cluster.
+    """
+
+    def __init__(
+        self,
+        classes: Mapping[str, GpuClass],
+        nodes: Mapping[str, Node],
+        sets: Mapping[SetKey, Iterable[Device]],
+        pods: Iterable[Pod],
+        vmis: Mapping[SetKey, Vmi],
+    ) -> None:
+        self.classes = classes
+        self.nodes = nodes
+        self.booked: dict[str, Counter[str]] = defaultdict(Counter)
+        self.device_booked: dict[str, Counter[str]] = defaultdict(Counter)
+        self.used: dict[str, Counter[str]] = defaultdict(Counter)
+        self.launcher_pods: dict[SetKey, list[tuple[Pod, Vmi]]] = defaultdict(list)
+        self._contrib: dict[SetKey, Contribution] = {}
+        self._devices: dict[SetKey, tuple[Device, ...]] = {}
+
+        def find_vmi(namespace: str, name: str) -> Vmi | None:
+            return vmis.get((namespace, name))
+
+        for pod in pods:
+            vmi = launcher_of(pod, find_vmi)
+            if vmi is not None:
+                self.launcher_pods[(vmi.namespace, vmi.name)].append((pod, vmi))
+                continue
+            usage = raw_usage(pod, None, (), classes)
+            for resource, units in usage.budget.items():
+                self.used[pod.namespace][resource] += units
+            for resource, units in usage.capacity.items():
+                self.booked[pod.node][resource] += units
+        set_keys = set(sets) | set(self.launcher_pods)
+        for key in sorted(set_keys):
+            self.commit(key, tuple(sets.get(key, ())))
+
+    # -- reading -------------------------------------------------------------------------
+
+    def devices(self, key: SetKey) -> tuple[Device, ...]:
+        return self._devices.get(key, ())
+
+    def free(self, node: str, resource: str) -> int:
+        """Allocatable minus booked; negative when the node is over-booked."""
+        allocatable = self.nodes[node].allocatable.get(resource, 0) if node in self.nodes else 0
+        return allocatable - self.booked[node][resource]
+
+    def over_booked(self, node: str) -> list[str]:
+        """Resources of ``node`` booked beyond allocatable, sorted."""
+        return sorted(r for r, units in self.booked[node].items() if units > 0 and self.free(node, r) < 0)
+
+    # -- changing ------------------------------------------------------------------------
+
+    def contribution(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
+        """What ``key`` would add if its devices were ``devices``."""
+        members = tuple(devices)
+        contrib = Contribution()
+        for device in members:
+            cls = self.classes.get(device.class_name)
+            if cls is None or not device.held:
+                continue
+            contrib.used[cls.name] += cls.units_per_device
+            contrib.used[cls.resource_name] += cls.units_per_device
+            if device.phase is Phase.BOUND and device.node:
+                contrib.booked[(device.node, cls.resource_name)] += cls.units_per_device
+        for pod, vmi in self.launcher_pods.get(key, ()):
+            usage = raw_usage(pod, vmi, members, self.classes)
+            for resource, units in usage.budget.items():
+                contrib.used[resource] += units
+            for resource, units in usage.capacity.items():
+                contrib.booked[(pod.node, resource)] += units
+        return contrib
+
+    def delta(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
+        """New contribution minus the current one."""
+        new = self.contribution(key, devices)
+        old = self._contrib.get(key, Contribution())
+        booked = Counter(new.booked)
+        booked.subtract(old.booked)
+        used = Counter(new.used)
+        used.subtract(old.used)
+        return Contribution(booked=booked, used=used)
+
+    def commit(self, key: SetKey, devices: tuple[Device, ...]) -> None:
+        """Make ``devices`` the current state of set ``key``."""
+        namespace = key[0]
+        old = self._contrib.get(key)
+        if old is not None:
+            for (node, resource), units in old.booked.items():
+                self.booked[node][resource] -= units
+            for k, units in old.used.items():
+                self.used[namespace][k] -= units
+            for device in self._devices.get(key, ()):
+                self._device_book(device, -1)
+        new = self.contribution(key, devices)
+        for (node, resource), units in new.booked.items():
+            self.booked[node][resource] += units
+        for k, units in new.used.items():
+            self.used[namespace][k] += units
+        for device in devices:
+            self._device_book(device, +1)
+        self._contrib[key] = new
+        self._devices[key] = devices
+
+    def _device_book(self, device: Device, sign: int) -> None:
+        cls = self.classes.get(device.class_name)
+        if cls is not None and device.phase is Phase.BOUND and device.node:
+            self.device_booked[device.node][cls.resource_name] += sign * cls.units_per_device
+
+
+def ledger_for(cluster: Cluster) -> Ledger:
+    """Build the ledger of a cluster snapshot (read-only consumers call this)."""
+    sets: dict[SetKey, list[Device]] = defaultdict(list)
+    for device in cluster.devices:
+        sets[device.set_key].append(device)
+    return Ledger(
+        classes={c.name: c for c in cluster.classes},
+        nodes={n.name: n for n in cluster.nodes},
+        sets={k: tuple(v) for k, v in sets.items()},
+        pods=cluster.pods,
+        vmis={(v.namespace, v.name): v for v in cluster.vmis},
+    )
+
+
+def tenant_usage(ledger: Ledger, namespace: str) -> dict[str, int]:
+    """Usage per key of one tenant, zero keys dropped."""
+    return {k: v for k, v in sorted(ledger.used.get(namespace, Counter()).items()) if v}

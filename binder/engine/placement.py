@@ -1,0 +1,589 @@
+"""The binder's passes (SPEC §4): where every GPU set lives, decided in one place.
+
+The binder is the only writer of placement, and a pass sees the whole cluster at one
+moment, so capacity and budget checks here cannot be raced past. The rules run in a
+fixed order (restore sets, move sets off nodes that cannot keep them, rebind Lost sets,
+bind new orders, answer bind requests) over sets sorted by stable keys, so the same
+input always gives the same decisions. Each step changes whole sets only: step 1
+first makes every set whole again, whatever a half-failed write left behind.
+
+``full_pass`` and ``answer_pass`` take a :class:`Cluster` and return a
+:class:`PassResult`; they never mutate their input and never do I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+
+from .accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key
+from .types import (
+    Budget,
+    Change,
+    ClassStatus,
+    Cluster,
+    Device,
+    GpuClass,
+    Outcome,
+    PassResult,
+    Phase,
+)
+
+#: Answer prefixes written to ``status.answer``; the webhook reads them.
+ANSWER_BOUND = "bound:"
+ANSWER_REFUSED = "refused:"
+
+REASON_BOUND = "bound: fullest node with room"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def full_pass(cluster: Cluster) -> PassResult:
+    """Run every step of a full pass over the whole cluster."""
+    run = _Pass(cluster)
+    if cluster.settings.enabled:
+        run.restore_sets()
+        run.move_off_unfit_nodes()
+        run.rebind_lost_sets()
+        run.bind_orders()
+        run.answer_requests(run.set_keys())
+    return run.result()
+
+
+def answer_pass(cluster: Cluster) -> PassResult:
+    """Answer unanswered bind requests, placing only the requested sets; nothing else."""
+    run = _Pass(cluster)
+    if cluster.settings.enabled:
+        keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
+        for key in keys:
+            run.settle_requested_set(key)
+        run.answer_requests(keys)
+    return run.result(with_status=False)
+
+
+def describe_units(units: Counter[str]) -> str:
+    """``2 x nvidia.com/A, 1 x nvidia.com/B``."""
+    return ", ".join(f"{n} x {r}" for r, n in sorted(units.items()) if n)
+
+
+class _Pass:
+    """The mutable working state of one pass."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.now = cluster.now
+        self.settings = cluster.settings
+        self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
+        self.nodes = {n.name: n for n in cluster.nodes}
+        self.node_names = sorted(self.nodes)
+        self.original = {d.key: d for d in cluster.devices}
+        self.budgets = cluster.budgets
+        grouped: dict[SetKey, list[Device]] = defaultdict(list)
+        for device in sorted(cluster.devices, key=lambda d: d.key):
+            grouped[device.set_key].append(device)
+        self.ledger = Ledger(
+            classes=self.classes,
+            nodes=self.nodes,
+            sets={k: tuple(v) for k, v in grouped.items()},
+            pods=cluster.pods,
+            vmis={(v.namespace, v.name): v for v in cluster.vmis},
+        )
+        self._set_keys = sorted(grouped)
+        by_ns: dict[str, list[Budget]] = defaultdict(list)
+        for budget in cluster.budgets:
+            by_ns[budget.namespace].append(budget)
+        self._budgets_by_ns = by_ns
+        self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
+
+    # -- reading -------------------------------------------------------------------------
+
+    def set_keys(self) -> list[SetKey]:
+        return list(self._set_keys)
+
+    def members(self, key: SetKey) -> tuple[Device, ...]:
+        return self.ledger.devices(key)
+
+    def limits(self, namespace: str) -> Limits:
+        return effective_limits(self._budgets_by_ns.get(namespace, ()), self.settings.default_budget)
+
+    def units(self, devices: Iterable[Device]) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for device in devices:
+            cls = self.classes.get(device.class_name)
+            if cls is not None:
+                total[cls.resource_name] += cls.units_per_device
+        return total
+
+    def _selector_mismatch(self, node_name: str, devices: Iterable[Device]) -> str | None:
+        labels = self.nodes[node_name].labels
+        for class_name in sorted({d.class_name for d in devices}):
+            cls = self.classes.get(class_name)
+            if cls is None:
+                continue
+            for label, value in sorted(cls.node_selector.items()):
+                if labels.get(label) != value:
+                    return f"class {cls.name} needs node label {label}={value}"
+        return None
+
+    def not_ready_past_grace(self, node_name: str) -> bool:
+        node = self.nodes[node_name]
+        if node.ready:
+            return False
+        if node.ready_since is None:
+            return True
+        return (self.now - node.ready_since).total_seconds() > self.settings.node_grace_seconds
+
+    def cannot_keep(self, node_name: str, devices: Sequence[Device]) -> str | None:
+        """Why ``node_name`` cannot keep the held set ``devices`` (step 2), or None."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return f"node {node_name} was deleted"
+        if self.not_ready_past_grace(node_name):
+            since = node.ready_since.isoformat() if node.ready_since else "an unknown time"
+            return (
+                f"node {node_name} has been NotReady since {since}, "
+                f"longer than the {self.settings.node_grace_seconds}s grace period"
+            )
+        if node.draining:
+            return f"node {node_name} is labelled gpuplane.io/drain=true"
+        mismatch = self._selector_mismatch(node_name, devices)
+        if mismatch:
+            return f"node {node_name} no longer matches: {mismatch}"
+        return None
+
+    def cannot_take(self, node_name: str, devices: Sequence[Device]) -> str | None:
+        """Why ``node_name`` takes nothing new for ``devices``, or None."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return "deleted"
+        if not node.ready:
+            return "NotReady"
+        if node.unschedulable:
+            return "cordoned"
+        if node.draining:
+            return "draining"
+        return self._selector_mismatch(node_name, devices)
+
+    # -- choosing a node -----------------------------------------------------------------
+
+    def fit(self, key: SetKey, candidate: tuple[Device, ...], node: str) -> int | None:
+        """Free units left on ``node`` for the set's resources if ``candidate`` were current.
+
+        None when any of those resources would be over-booked.
+        """
+        delta = self.ledger.delta(key, candidate)
+        left = 0
+        for resource in self.units(d for d in candidate if d.node == node):
+            after = self.ledger.free(node, resource) - delta.booked[(node, resource)]
+            if after < 0:
+                return None
+            left += after
+        return left
+
+    def best_node(
+        self,
+        key: SetKey,
+        placed_on: Callable[[str], tuple[Device, ...]],
+        moving: Sequence[Device],
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> str | None:
+        """The fullest node with room for ``moving`` (SPEC §4 step 4), or None.
+
+        ``placed_on(n)`` gives the set's devices as they would be with ``moving`` Bound on
+        n. ``prefer`` ranks nodes first by units of the set they already hold (step 1).
+        """
+        skip = set(exclude)
+        need = self.units(moving)
+        if not need:
+            return None
+        # Nodes where the set's own units or its launcher pods already sit can take more
+        # than their free units suggest; everywhere else free units must cover the need.
+        special = {d.node for d in self.members(key) if d.phase is Phase.BOUND}
+        special |= {p.node for p, _ in self.ledger.launcher_pods.get(key, ())}
+        best: tuple[int, int, str] | None = None
+        for name in self.node_names:
+            if name in skip or self.cannot_take(name, moving):
+                continue
+            if name not in special and any(self.ledger.free(name, r) < n for r, n in need.items()):
+                continue
+            left = self.fit(key, placed_on(name), name)
+            if left is None:
+                continue
+            rank = (-(prefer or Counter())[name], left, name)
+            if best is None or rank < best:
+                best = rank
+        return best[2] if best else None
+
+    def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
+        """Why making ``candidate`` current would push the tenant over a budget, or None."""
+        namespace = key[0]
+        limits = self.limits(namespace)
+        delta = self.ledger.delta(key, candidate)
+        for budget_key in sorted(delta.used):
+            more = delta.used[budget_key]
+            if more <= 0:
+                continue
+            limit = limits.limit(budget_key)
+            used = self.ledger.used[namespace][budget_key]
+            if limit is not None and used + more > limit:
+                kind = "raw" if is_raw_key(budget_key) else "class"
+                source = "default budget (deny)" if limits.deny_rest else "budget"
+                return (
+                    f"over budget: {kind} key {budget_key} has limit {limit} in the {source}, "
+                    f"{used} used, and this set needs {more} more"
+                )
+        return None
+
+    # -- changing ------------------------------------------------------------------------
+
+    def _moved(self, device: Device, phase: Phase, node: str, reason: str) -> Device:
+        changed = (device.phase, device.node) != (phase, node)
+        return dataclasses.replace(
+            device,
+            phase=phase,
+            node=node,
+            reason=reason,
+            since=self.now if changed else device.since,
+        )
+
+    def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
+        self.ledger.commit(key, tuple(sorted(devices, key=lambda d: d.key)))
+
+    def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
+        """Set ``reason`` on the named members without moving anything."""
+        chosen = set(names)
+        self.apply(key, (dataclasses.replace(d, reason=reason) if d.name in chosen else d for d in self.members(key)))
+
+    @staticmethod
+    def _bound_on(devices: Iterable[Device], node: str, names: set[str]) -> tuple[Device, ...]:
+        return tuple(dataclasses.replace(d, phase=Phase.BOUND, node=node) if d.name in names else d for d in devices)
+
+    def place(
+        self,
+        key: SetKey,
+        moving: Sequence[Device],
+        *,
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> str | None:
+        """Find the node for ``moving`` (members of ``key``); None if no node has room."""
+        members = self.members(key)
+        names = {d.name for d in moving}
+        return self.best_node(key, lambda n: self._bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
+
+    def settle(self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str) -> None:
+        names = {d.name for d in moving}
+        self.apply(key, (self._moved(d, phase, node, reason) if d.name in names else d for d in self.members(key)))
+
+    # -- step 1: restore sets ------------------------------------------------------------
+
+    def restore_sets(self) -> None:
+        for key in self.set_keys():
+            self.release_classless(key)
+            held = [d for d in self.members(key) if d.held]
+            if len({(d.phase, d.node) for d in held}) > 1:
+                self.gather(key)
+            self.grow(key, allow_move=True)
+
+    def release_classless(self, key: SetKey) -> None:
+        """Held devices whose class is gone free their units and wait, Pending."""
+        for device in self.members(key):
+            if device.class_name not in self.classes and device.phase is not Phase.PENDING:
+                self.settle(
+                    key,
+                    [device],
+                    Phase.PENDING,
+                    "",
+                    f"pending: class {device.class_name} does not exist; the device's units were released",
+                )
+
+    def gather(self, key: SetKey) -> None:
+        held = [d for d in self.members(key) if d.held]
+        layout = sorted({d.node if d.phase is Phase.BOUND else "Lost" for d in held})
+        split = f"it was split across {', '.join(layout)}"
+        prefer: Counter[str] = Counter()
+        for device in held:
+            if device.phase is Phase.BOUND:
+                prefer[device.node] += self.units([device]).total()
+        node = self.place(key, held, prefer=prefer)
+        if node is not None:
+            self.settle(key, held, Phase.BOUND, node, f"restored: set gathered onto {node} ({split})")
+            self.counts[Outcome.RESTORED] += 1
+        else:
+            self.settle(key, held, Phase.LOST, "", f"lost: no node has room for the whole set ({split})")
+            self.counts[Outcome.LOST] += 1
+
+    def grow(self, key: SetKey, *, allow_move: bool) -> None:
+        """New Pending members of a Bound set: grow on its node, else move whole (step 1)."""
+        members = self.members(key)
+        held = [d for d in members if d.held]
+        fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
+        if not held or not fresh or len({(d.phase, d.node) for d in held}) > 1:
+            return
+        if held[0].phase is Phase.LOST:
+            reason = "pending: waiting for the rest of the set, which is Lost, to be rebound"
+            self.with_reason(key, (d.name for d in fresh), reason)
+            return
+        node = held[0].node
+        names = {d.name for d in fresh}
+        refusal = self.budget_refusal(key, self._bound_on(members, node, names))
+        if refusal:
+            self.with_reason(key, names, f"pending: {refusal}")
+            self.counts[Outcome.REFUSED] += 1
+            return
+        if not self.cannot_take(node, fresh) and self.fit(key, self._bound_on(members, node, names), node) is not None:
+            self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}")
+            self.counts[Outcome.BOUND] += 1
+            return
+        whole = held + fresh
+        target = self.place(key, whole, exclude=[node]) if allow_move else None
+        if target is not None:
+            self.settle(key, held, Phase.BOUND, target, f"moved from {node}: the set grew and {node} has no room")
+            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND)
+            self.counts[Outcome.MOVED] += 1
+            return
+        where = f"on {node} or any node with room for the whole set" if allow_move else f"on {node}"
+        self.with_reason(key, names, f"pending: no room for {describe_units(self.units(fresh))} {where}")
+        self.counts[Outcome.REFUSED] += 1
+
+    # -- step 2: move held sets off nodes that cannot keep them --------------------------
+
+    def move_off_unfit_nodes(self) -> None:
+        for key in self.set_keys():
+            held = [d for d in self.members(key) if d.phase is Phase.BOUND]
+            if held and len({d.node for d in held}) == 1:
+                why = self.cannot_keep(held[0].node, held)
+                if why:
+                    self.move(key, held[0].node, why)
+        for node in self.node_names:
+            self.relieve(node)
+
+    def relieve(self, node: str) -> None:
+        """Evict the most recently bound sets from an over-booked node until it fits."""
+        if not self.ledger.over_booked(node):
+            return
+        residents: list[tuple[datetime, SetKey]] = []
+        for key in self.set_keys():
+            bound = [d for d in self.members(key) if d.phase is Phase.BOUND and d.node == node]
+            if bound:
+                residents.append((max(d.since or _EPOCH for d in bound), key))
+        for _, key in sorted(residents, reverse=True):
+            over = self.ledger.over_booked(node)
+            if not over:
+                return
+            held = [d for d in self.members(key) if d.held]
+            lifted = tuple(
+                dataclasses.replace(d, phase=Phase.LOST, node="") if d.held else d for d in self.members(key)
+            )
+            delta = self.ledger.delta(key, lifted)
+            if not any(delta.booked[(node, r)] < 0 for r in over):
+                continue  # its VM's pod would keep booking the same units here
+            detail = ", ".join(
+                f"{r} allocatable {self.nodes[node].allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}"
+                for r in over
+            )
+            self.move(key, node, f"node {node} is over-booked ({detail})", held=held)
+
+    def move(self, key: SetKey, from_node: str, why: str, held: Sequence[Device] | None = None) -> None:
+        held = list(held) if held is not None else [d for d in self.members(key) if d.held]
+        target = self.place(key, held, exclude=[from_node])
+        if target is not None:
+            self.settle(key, held, Phase.BOUND, target, f"moved from {from_node}: {why}")
+            self.counts[Outcome.MOVED] += 1
+        else:
+            self.settle(key, held, Phase.LOST, "", f"lost: {why}; no other node has room for the set")
+            self.counts[Outcome.LOST] += 1
+
+    # -- step 3: rebind Lost sets --------------------------------------------------------
+
+    def rebind_lost_sets(self) -> None:
+        lost: list[tuple[datetime, SetKey]] = []
+        for key in self.set_keys():
+            held = [d for d in self.members(key) if d.held]
+            if held and all(d.phase is Phase.LOST for d in held):
+                lost.append((min(d.since or _EPOCH for d in held), key))
+        for _, key in sorted(lost):
+            self.rebind(key)
+
+    def rebind(self, key: SetKey) -> None:
+        """Place a Lost set, with its new members if their budget allows (no check for the rest)."""
+        members = self.members(key)
+        held = [d for d in members if d.held]
+        fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
+        refusal = None
+        if fresh:
+            # Budget does not depend on the node: Bound and Lost both count.
+            refusal = self.budget_refusal(key, self._bound_on(members, "-", {d.name for d in fresh}))
+            if not refusal:
+                node = self.place(key, held + fresh)
+                if node is not None:
+                    self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
+                    self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND)
+                    self.counts[Outcome.BOUND] += 1
+                    return
+        node = self.place(key, held)
+        if node is None:
+            if not any(d.reason.startswith("lost:") for d in held):
+                self.with_reason(
+                    key, (d.name for d in held), f"lost: no node has room for {describe_units(self.units(held))}"
+                )
+            self.counts[Outcome.REFUSED] += 1
+            return
+        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
+        self.counts[Outcome.BOUND] += 1
+        if fresh:
+            why = f"pending: {refusal}" if refusal else f"pending: no room for new members next to the set on {node}"
+            self.with_reason(key, (d.name for d in fresh), why)
+            self.grow(key, allow_move=False)
+
+    # -- step 4: bind new orders ---------------------------------------------------------
+
+    def bind_orders(self) -> None:
+        orders: list[tuple[datetime, SetKey]] = []
+        for key in self.set_keys():
+            members = self.members(key)
+            if all(d.phase is Phase.PENDING for d in members):
+                orders.append((min(d.created or _EPOCH for d in members), key))
+        for _, key in sorted(orders):
+            self.bind_order(key)
+
+    def bind_order(self, key: SetKey) -> None:
+        members = self.members(key)
+        missing = sorted({d.class_name for d in members if d.class_name not in self.classes})
+        if missing:
+            for device in members:
+                if device.class_name in missing:
+                    why = f"pending: class {device.class_name} does not exist"
+                else:
+                    why = f"pending: waiting for the set's devices of missing class {', '.join(missing)}"
+                self.with_reason(key, [device.name], why)
+            self.counts[Outcome.REFUSED] += 1
+            return
+        names = {d.name for d in members}
+        refusal = self.budget_refusal(key, self._bound_on(members, "-", names))
+        if refusal:
+            self.with_reason(key, names, f"pending: {refusal}")
+            self.counts[Outcome.REFUSED] += 1
+            return
+        node = self.place(key, members)
+        if node is None:
+            self.with_reason(
+                key,
+                names,
+                f"pending: no Ready, schedulable node matching the set's classes has room for "
+                f"{describe_units(self.units(members))}",
+            )
+            self.counts[Outcome.REFUSED] += 1
+            return
+        self.settle(key, members, Phase.BOUND, node, REASON_BOUND)
+        self.counts[Outcome.BOUND] += 1
+
+    # -- answer pass ---------------------------------------------------------------------
+
+    def settle_requested_set(self, key: SetKey) -> None:
+        """Answer-pass placement of one requested set: no moves of held sets."""
+        members = self.members(key)
+        held = [d for d in members if d.held]
+        if len({(d.phase, d.node) for d in held}) > 1:
+            return
+        if held and held[0].phase is Phase.BOUND:
+            self.grow(key, allow_move=False)
+        elif held:
+            self.rebind(key)
+        else:
+            self.bind_order(key)
+
+    # -- step 5: answer ------------------------------------------------------------------
+
+    def answer_requests(self, keys: Iterable[SetKey]) -> None:
+        for key in keys:
+            members = self.members(key)
+            if not any(d.wants_answer for d in members):
+                continue
+            nodes = {d.node for d in members}
+            whole = all(d.phase is Phase.BOUND for d in members) and len(nodes) == 1
+            answered = []
+            for device in members:
+                if device.wants_answer:
+                    if whole:
+                        answer = ANSWER_BOUND + device.node
+                    elif len({(d.phase, d.node) for d in members if d.held}) > 1:
+                        answer = (
+                            ANSWER_REFUSED + "the set is split across nodes; the next full pass restores it; try again"
+                        )
+                    else:
+                        answer = ANSWER_REFUSED + (_first_refusal(members) or "the set is not placed")
+                    device = dataclasses.replace(device, answered_request=device.bind_request, answer=answer)
+                answered.append(device)
+            self.apply(key, answered)
+
+    # -- result --------------------------------------------------------------------------
+
+    def result(self, *, with_status: bool = True) -> PassResult:
+        devices: list[Device] = []
+        changes: list[Change] = []
+        for key in self.set_keys():
+            for device in self.members(key):
+                before = self.original[device.key]
+                if (before.phase, before.node) == (device.phase, device.node):
+                    device = dataclasses.replace(device, since=before.since)
+                else:
+                    changes.append(
+                        Change(
+                            namespace=device.namespace,
+                            name=device.name,
+                            vm_name=device.vm_name,
+                            from_phase=before.phase,
+                            from_node=before.node,
+                            to_phase=device.phase,
+                            to_node=device.node,
+                            reason=device.reason,
+                        )
+                    )
+                if device != before:
+                    devices.append(device)
+        class_status: dict[str, ClassStatus] = {}
+        budget_used: dict[tuple[str, str], dict[str, int]] = {}
+        if with_status:
+            class_status = self.class_status()
+            for budget in sorted(self.budgets, key=lambda b: (b.namespace, b.name)):
+                used = self.ledger.used.get(budget.namespace, Counter())
+                budget_used[(budget.namespace, budget.name)] = {k: used[k] for k in sorted(budget.limits)}
+        return PassResult(
+            devices=tuple(devices),
+            changes=tuple(changes),
+            counts=dict(self.counts),
+            class_status=class_status,
+            budget_used=budget_used,
+        )
+
+    def class_status(self) -> dict[str, ClassStatus]:
+        bound: Counter[str] = Counter()
+        lost: Counter[str] = Counter()
+        for key in self.set_keys():
+            for device in self.members(key):
+                cls = self.classes.get(device.class_name)
+                if cls is None:
+                    continue
+                if device.phase is Phase.BOUND:
+                    bound[cls.name] += cls.units_per_device
+                elif device.phase is Phase.LOST:
+                    lost[cls.name] += cls.units_per_device
+        status = {}
+        for name, cls in sorted(self.classes.items()):
+            allocatable = sum(
+                node.allocatable.get(cls.resource_name, 0)
+                for node in self.nodes.values()
+                if all(node.labels.get(k) == v for k, v in cls.node_selector.items())
+            )
+            status[name] = ClassStatus(allocatable=allocatable, bound=bound[name], lost=lost[name])
+        return status
+
+
+def _first_refusal(members: Iterable[Device]) -> str:
+    for device in members:
+        if device.phase is not Phase.BOUND and device.reason:
+            return device.reason.removeprefix("pending: ")
+    return ""

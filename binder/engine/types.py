@@ -1,0 +1,221 @@
+"""Plain, immutable records the engine reads and writes.
+
+The binder's rules must be testable without a database or a cluster, and the same
+rules must run whether the objects came from PostgreSQL, SQLite or the API server.
+So the engine speaks only in these dataclasses: the Django side (``binder.passes``)
+and the Kubernetes side translate to and from them, and nothing here imports Django.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+#: Label that tells the binder to move every held set off a node (SPEC §4 step 2).
+DRAIN_LABEL = "gpuplane.io/drain"
+
+#: Pod phases that hold nothing: KubeVirt leaves finished pods in activePods for a while.
+FINISHED_POD_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class Phase(enum.StrEnum):
+    """Phase of one GPU device (SPEC §1)."""
+
+    PENDING = "Pending"
+    BOUND = "Bound"
+    LOST = "Lost"
+
+
+HELD_PHASES = frozenset({Phase.BOUND, Phase.LOST})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClass:
+    """A kind of GPU a tenant may order: which raw node resource it takes and how much."""
+
+    name: str
+    resource_name: str
+    units_per_device: int = 1
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    display_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the binder needs it: GPU allocatable, labels, cordon and readiness.
+
+    ``ready_since`` is the Ready condition's lastTransitionTime; with ``ready`` False it
+    says since when the node is not Ready (the grace period counts from it).
+    """
+
+    name: str
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    ready: bool = True
+    ready_since: datetime | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.labels.get(DRAIN_LABEL, "").lower() == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One GPU object: a device a tenant ordered for one VM, and where it stands."""
+
+    namespace: str
+    name: str
+    class_name: str
+    vm_name: str
+    phase: Phase = Phase.PENDING
+    node: str = ""
+    since: datetime | None = None
+    reason: str = ""
+    bind_request: str = ""
+    answered_request: str = ""
+    answer: str = ""
+    created: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def set_key(self) -> tuple[str, str]:
+        return (self.namespace, self.vm_name)
+
+    @property
+    def held(self) -> bool:
+        return self.phase in HELD_PHASES
+
+    @property
+    def wants_answer(self) -> bool:
+        return bool(self.bind_request) and self.bind_request != self.answered_request
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One GPUBudget: limits per key (a class name, or a raw resource name with a ``/``)."""
+
+    namespace: str
+    name: str
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Vmi:
+    """The parts of a VirtualMachineInstance the launcher rule reads.
+
+    ``active_pods`` is ``status.activePods``: pod UID to node name ("" while unbound).
+    """
+
+    namespace: str
+    name: str
+    uid: str = ""
+    active_pods: Mapping[str, str] = field(default_factory=dict)
+    node: str = ""
+    phase: str = ""
+    device_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod that requests GPU resources.
+
+    ``requests`` holds the effective request per extended resource (request, else limit),
+    already parsed to integers. ``owner_vmi`` is only a hint: the name of the VMI the
+    pod's owner reference or labels point at. It is never proof (SPEC §2).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    node: str = ""
+    phase: str = "Running"
+    requests: Mapping[str, int] = field(default_factory=dict)
+    owner_vmi: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_POD_PHASES
+
+
+class DefaultBudget(enum.StrEnum):
+    """What a tenant without a GPUBudget may use (``GPUPLANE_DEFAULT_BUDGET``)."""
+
+    UNLIMITED = "unlimited"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The knobs of SPEC §9 the engine obeys."""
+
+    enabled: bool = True
+    node_grace_seconds: int = 300
+    default_budget: DefaultBudget = DefaultBudget.UNLIMITED
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Everything one pass reads, taken at one moment (``now``)."""
+
+    now: datetime
+    classes: tuple[GpuClass, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    devices: tuple[Device, ...] = ()
+    budgets: tuple[Budget, ...] = ()
+    vmis: tuple[Vmi, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    settings: Settings = field(default_factory=Settings)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One device's placement change, as the decision log records it."""
+
+    namespace: str
+    name: str
+    vm_name: str
+    from_phase: Phase
+    from_node: str
+    to_phase: Phase
+    to_node: str
+    reason: str
+
+
+class Outcome(enum.StrEnum):
+    """How a pass treated a set, for counters and metrics."""
+
+    BOUND = "bound"
+    MOVED = "moved"
+    LOST = "lost"
+    REFUSED = "refused"
+    RESTORED = "restored"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassStatus:
+    """GPUClass status: unit totals."""
+
+    allocatable: int
+    bound: int
+    lost: int
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What a pass decided: the devices as they should now be, and why.
+
+    ``devices`` holds only devices whose stored fields differ from the input, so the
+    caller writes only what changed.
+    """
+
+    devices: tuple[Device, ...]
+    changes: tuple[Change, ...]
+    counts: Mapping[str, int]
+    class_status: Mapping[str, ClassStatus] = field(default_factory=dict)
+    budget_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)

@@ -1,0 +1,437 @@
+"""Read Kubernetes and KubeVirt objects (as the API server or ``kubectl get -o yaml`` gives
+them) into plain row values for the mirror.
+
+One parser serves ``load_snapshot`` and the cluster sync, so a snapshot of a live
+cluster and the live cluster itself land in the mirror the same way. Every problem is
+reported as an :class:`ObjectError` that names the object and the field, because an
+operator fixing a 5,000-object dump needs to know exactly where to look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+GROUP = "gpuplane.io"
+BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
+PHASES = ("Pending", "Bound", "Lost")
+
+#: Extended resources that are never GPUs: KubeVirt's own device plugins.
+NON_GPU_PREFIXES = ("kubernetes.io/", "devices.kubevirt.io/")
+
+
+class ObjectError(ValueError):
+    """A problem with one object, naming it and the field."""
+
+    def __init__(self, ref: str, field: str, message: str) -> None:
+        self.ref, self.field, self.message = ref, field, message
+        super().__init__(f"{ref}: {field}: {message}" if field else f"{ref}: {message}")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One parsed object: its kind, namespace ("" if cluster-scoped), name and row values."""
+
+    kind: str
+    namespace: str
+    name: str
+    values: dict[str, Any]
+
+
+def is_gpu_resource(name: str) -> bool:
+    """Extended resources worth mirroring: a ``/`` in the name, not KubeVirt's own devices."""
+    return "/" in name and not name.startswith(NON_GPU_PREFIXES)
+
+
+def describe(obj: Mapping[str, Any]) -> str:
+    kind = obj.get("kind") or "object"
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    name = meta.get("name") or meta.get("generateName") or "<no name>"
+    namespace = meta.get("namespace")
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+class _Reader:
+    """Typed access to one object's fields, raising ObjectError with the field path."""
+
+    def __init__(self, obj: Mapping[str, Any]) -> None:
+        self.obj = obj
+        self.ref = describe(obj)
+
+    def fail(self, field: str, message: str) -> ObjectError:
+        return ObjectError(self.ref, field, message)
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.obj
+        walked = []
+        for part in path.split("."):
+            if node is None:
+                return default
+            if not isinstance(node, Mapping):
+                raise self.fail(".".join(walked), f"must be a mapping, got {type(node).__name__}")
+            walked.append(part)
+            node = node.get(part)
+        return default if node is None else node
+
+    def string(self, path: str, *, required: bool = False, default: str = "") -> str:
+        value = self.get(path)
+        if value is None or value == "":
+            if required:
+                raise self.fail(path, "is required")
+            return default
+        if not isinstance(value, str):
+            raise self.fail(path, f"must be a string, got {type(value).__name__} {value!r}")
+        return value
+
+    def mapping(self, path: str) -> dict[str, Any]:
+        value = self.get(path)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"must be a mapping, got {type(value).__name__}")
+        return dict(value)
+
+    def string_map(self, path: str) -> dict[str, str]:
+        result = {}
+        for key, value in self.mapping(path).items():
+            if not isinstance(value, str):
+                raise self.fail(f"{path}[{key}]", f"must be a string, got {type(value).__name__} {value!r}")
+            result[str(key)] = value
+        return result
+
+    def listing(self, path: str) -> list[Any]:
+        value = self.get(path)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(path, f"must be a list, got {type(value).__name__}")
+        return value
+
+    def boolean(self, path: str, default: bool = False) -> bool:
+        value = self.get(path)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(path, f"must be true or false, got {value!r}")
+        return value
+
+    def integer(self, path: str, *, default: int | None = None, minimum: int | None = None) -> int:
+        value = self.get(path)
+        if value is None:
+            if default is None:
+                raise self.fail(path, "is required")
+            return default
+        units = self.units(path, value)
+        if minimum is not None and units < minimum:
+            raise self.fail(path, f"must be at least {minimum}, got {units}")
+        return units
+
+    def units(self, path: str, value: Any) -> int:
+        """A whole-number quantity (``2``, ``"2"``, ``"1k"``)."""
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise self.fail(path, f"must be a whole number, got {value!r}")
+        try:
+            quantity = parse_quantity(value)
+        except (ValueError, ArithmeticError):
+            raise self.fail(path, f"is not a Kubernetes quantity: {value!r}") from None
+        if quantity != quantity.to_integral_value():
+            raise self.fail(path, f"must be a whole number of units, got {value!r}")
+        return int(Decimal(quantity))
+
+    def timestamp(self, path: str) -> datetime | None:
+        return self.time_value(path, self.get(path))
+
+    def time_value(self, path: str, value: Any) -> datetime | None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, datetime):  # YAML loaders may already parse timestamps
+            parsed = value
+        elif isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise self.fail(path, f"is not an RFC 3339 time: {value!r}") from None
+        else:
+            raise self.fail(path, f"is not an RFC 3339 time: {value!r}")
+        if parsed.tzinfo is None:
+            raise self.fail(path, f"needs a time zone (e.g. a trailing Z): {value!r}")
+        return parsed
+
+    def name(self) -> str:
+        return self.string("metadata.name", required=True)
+
+    def namespace(self) -> str:
+        return self.string("metadata.namespace", required=True)
+
+
+def _check_api(r: _Reader, expected: tuple[str, ...]) -> None:
+    api = r.string("apiVersion", required=True)
+    if api not in expected:
+        raise r.fail("apiVersion", f"must be {' or '.join(expected)}, got {api!r}")
+
+
+def parse_namespace(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, ("v1",))
+    name = r.name()
+    return Parsed(
+        "Namespace",
+        "",
+        name,
+        {
+            "uid": r.string("metadata.uid"),
+            "labels": r.string_map("metadata.labels"),
+            "created": r.timestamp("metadata.creationTimestamp"),
+        },
+    )
+
+
+def parse_node(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, ("v1",))
+    name = r.name()
+    allocatable = {
+        resource: r.units(f"status.allocatable[{resource}]", value)
+        for resource, value in r.mapping("status.allocatable").items()
+        if is_gpu_resource(resource)
+    }
+    conditions = r.listing("status.conditions")
+    ready, ready_since = True, None
+    if conditions:
+        ready, ready_since = False, None
+        for index, condition in enumerate(conditions):
+            if not isinstance(condition, Mapping):
+                raise r.fail(f"status.conditions[{index}]", "must be a mapping")
+            if condition.get("type") == "Ready":
+                status = condition.get("status")
+                if status not in ("True", "False", "Unknown"):
+                    raise r.fail(
+                        f"status.conditions[{index}].status", f"must be True, False or Unknown, got {status!r}"
+                    )
+                ready = status == "True"
+                ready_since = r.time_value(
+                    f"status.conditions[{index}].lastTransitionTime", condition.get("lastTransitionTime")
+                )
+    return Parsed(
+        "Node",
+        "",
+        name,
+        {
+            "uid": r.string("metadata.uid"),
+            "labels": r.string_map("metadata.labels"),
+            "allocatable": allocatable,
+            "unschedulable": r.boolean("spec.unschedulable"),
+            "ready": ready,
+            "ready_since": ready_since,
+            "created": r.timestamp("metadata.creationTimestamp"),
+        },
+    )
+
+
+def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, (f"{GROUP}/v1alpha1",))
+    name = r.name()
+    resource = r.string("spec.resourceName", required=True)
+    if "/" not in resource:
+        raise r.fail("spec.resourceName", f"must be an extended resource name with a '/', got {resource!r}")
+    return Parsed(
+        "GPUClass",
+        "",
+        name,
+        {
+            "resource_name": resource,
+            "units_per_device": r.integer("spec.unitsPerDevice", default=1, minimum=1),
+            "node_selector": r.string_map("spec.nodeSelector"),
+            "display_name": r.string("spec.displayName"),
+            "created": r.timestamp("metadata.creationTimestamp"),
+            "status_allocatable": r.integer("status.allocatable", default=0),
+            "status_bound": r.integer("status.bound", default=0),
+            "status_lost": r.integer("status.lost", default=0),
+        },
+    )
+
+
+def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, (f"{GROUP}/v1alpha1",))
+    name, namespace = r.name(), r.namespace()
+    phase = r.string("status.phase", default="Pending")
+    if phase not in PHASES:
+        raise r.fail("status.phase", f"must be one of {', '.join(PHASES)}, got {phase!r}")
+    node = r.string("status.node")
+    if phase == "Bound" and not node:
+        raise r.fail("status.node", "is required when status.phase is Bound")
+    if phase != "Bound" and node:
+        raise r.fail("status.node", f"must be empty when status.phase is {phase}")
+    return Parsed(
+        "GPU",
+        namespace,
+        name,
+        {
+            "class_name": r.string("spec.className", required=True),
+            "vm_name": r.string("spec.vmName", required=True),
+            "phase": phase,
+            "node": node,
+            "since": r.timestamp("status.since"),
+            "reason": r.string("status.reason"),
+            "bind_request": r.string_map("metadata.annotations").get(BIND_REQUEST_ANNOTATION, ""),
+            "answered_request": r.string("status.answeredRequest"),
+            "answer": r.string("status.answer"),
+            "created": r.timestamp("metadata.creationTimestamp"),
+        },
+    )
+
+
+def parse_gpu_budget(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, (f"{GROUP}/v1alpha1",))
+    name, namespace = r.name(), r.namespace()
+    limits = {str(key): r.integer(f"spec.limits[{key}]", minimum=0) for key in r.mapping("spec.limits")}
+    used = {str(key): r.integer(f"status.used[{key}]", minimum=0) for key in r.mapping("status.used")}
+    return Parsed("GPUBudget", namespace, name, {"limits": limits, "used": used})
+
+
+def parse_vmi(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, ("kubevirt.io/v1", "kubevirt.io/v1alpha3"))
+    name, namespace = r.name(), r.namespace()
+    device_names = []
+    for section in ("gpus", "hostDevices"):
+        for index, entry in enumerate(r.listing(f"spec.domain.devices.{section}")):
+            if not isinstance(entry, Mapping):
+                raise r.fail(f"spec.domain.devices.{section}[{index}]", "must be a mapping")
+            device_name = entry.get("deviceName")
+            if device_name is not None and not isinstance(device_name, str):
+                raise r.fail(f"spec.domain.devices.{section}[{index}].deviceName", "must be a string")
+            if device_name:
+                device_names.append(device_name)
+    active = {}
+    for uid, node in r.mapping("status.activePods").items():
+        if node is not None and not isinstance(node, str):
+            raise r.fail(f"status.activePods[{uid}]", f"must be a node name, got {node!r}")
+        active[str(uid)] = node or ""
+    return Parsed(
+        "VirtualMachineInstance",
+        namespace,
+        name,
+        {
+            "uid": r.string("metadata.uid"),
+            "device_names": device_names,
+            "active_pods": active,
+            "node": r.string("status.nodeName"),
+            "phase": r.string("status.phase"),
+        },
+    )
+
+
+def pod_requests(r: _Reader) -> dict[str, int]:
+    """Effective extended-resource requests of a pod: per container the request, else the
+    limit; summed over containers, and at least the largest init container's."""
+
+    def container_requests(path: str) -> list[dict[str, int]]:
+        result = []
+        for index, container in enumerate(r.listing(path)):
+            if not isinstance(container, Mapping):
+                raise r.fail(f"{path}[{index}]", "must be a mapping")
+            base = f"{path}[{index}].resources"
+            resources = container.get("resources") or {}
+            if not isinstance(resources, Mapping):
+                raise r.fail(base, "must be a mapping")
+            requests = resources.get("requests") or {}
+            limits = resources.get("limits") or {}
+            for label, section in (("requests", requests), ("limits", limits)):
+                if not isinstance(section, Mapping):
+                    raise r.fail(f"{base}.{label}", "must be a mapping")
+            wanted = {}
+            for resource in sorted(set(requests) | set(limits)):
+                if not is_gpu_resource(resource):
+                    continue
+                if resource in requests:
+                    wanted[resource] = r.units(f"{base}.requests[{resource}]", requests[resource])
+                else:
+                    wanted[resource] = r.units(f"{base}.limits[{resource}]", limits[resource])
+            result.append(wanted)
+        return result
+
+    total: dict[str, int] = {}
+    for wanted in container_requests("spec.containers"):
+        for resource, units in wanted.items():
+            total[resource] = total.get(resource, 0) + units
+    for wanted in container_requests("spec.initContainers"):
+        for resource, units in wanted.items():
+            total[resource] = max(total.get(resource, 0), units)
+    return {resource: units for resource, units in total.items() if units > 0}
+
+
+def owner_hint(r: _Reader) -> tuple[dict[str, str], str]:
+    """The pod's controller owner reference and the VMI name it hints at.
+
+    The hint is the owner reference of kind VirtualMachineInstance, else the
+    ``kubevirt.io/domain`` annotation. It only says which VMI to look up (SPEC §2).
+    """
+    owner: dict[str, str] = {}
+    refs = r.listing("metadata.ownerReferences")
+    for index, ref in enumerate(refs):
+        if not isinstance(ref, Mapping):
+            raise r.fail(f"metadata.ownerReferences[{index}]", "must be a mapping")
+        if ref.get("controller") or len(refs) == 1:
+            owner = {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", "")), "uid": str(ref.get("uid", ""))}
+    hint = owner.get("name", "") if owner.get("kind") == "VirtualMachineInstance" else ""
+    if not hint:
+        hint = r.string_map("metadata.annotations").get("kubevirt.io/domain", "")
+    return owner, hint
+
+
+def parse_pod(obj: Mapping[str, Any]) -> Parsed:
+    r = _Reader(obj)
+    _check_api(r, ("v1",))
+    name, namespace = r.name(), r.namespace()
+    owner, hint = owner_hint(r)
+    return Parsed(
+        "Pod",
+        namespace,
+        name,
+        {
+            "uid": r.string("metadata.uid", required=True),
+            "node": r.string("spec.nodeName"),
+            "phase": r.string("status.phase", default="Pending"),
+            "gpu_requests": pod_requests(r),
+            "owner_kind": owner.get("kind", ""),
+            "owner_name": owner.get("name", ""),
+            "owner_uid": owner.get("uid", ""),
+            "owner_vmi_hint": hint,
+        },
+    )
+
+
+PARSERS = {
+    "Namespace": parse_namespace,
+    "Node": parse_node,
+    "Pod": parse_pod,
+    "VirtualMachineInstance": parse_vmi,
+    "GPUClass": parse_gpu_class,
+    "GPU": parse_gpu,
+    "GPUBudget": parse_gpu_budget,
+}
+
+
+def parse_object(obj: Any, where: str = "") -> Parsed | None:
+    """Parse one object; None for kinds gpuplane does not mirror."""
+    if not isinstance(obj, Mapping):
+        raise ObjectError(where or "document", "", f"must be a Kubernetes object (a mapping), got {type(obj).__name__}")
+    kind = obj.get("kind")
+    if not kind or not isinstance(kind, str):
+        raise ObjectError(describe(obj) + (f" ({where})" if where else ""), "kind", "is required")
+    parser = PARSERS.get(kind)
+    if parser is None:
+        return None
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ObjectError(describe(obj), "metadata", "is required and must be a mapping")
+    return parser(obj)

@@ -1,0 +1,291 @@
+"""The cluster mirror: the objects of SPEC §1 as database rows, plus the pass history.
+
+In standalone mode these rows are the source of truth; in cluster mode they mirror
+the API server so the admin, the catalog and the usage API can answer without calling
+it. The binder engine never sees these classes: ``binder.mirror`` turns rows into the
+engine's plain dataclasses and back.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from .engine import types as engine
+
+
+class TenantQuerySet(models.QuerySet):
+    """Querysets of namespaced objects carry tenant scoping, so no view can forget it."""
+
+    def for_tenant(self, namespaces):  # type: ignore[no-untyped-def]
+        """Rows of the given namespaces only (``None`` means all: staff)."""
+        if namespaces is None:
+            return self
+        return self.filter(**{self.model.NAMESPACE_LOOKUP + "__in": list(namespaces)})
+
+
+class Namespace(models.Model):
+    """A Kubernetes namespace: one tenant. Devices, budgets, VMIs and pods live in one."""
+
+    NAMESPACE_LOOKUP = "name"
+
+    name = models.CharField(max_length=63, unique=True)
+    uid = models.CharField(max_length=64, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A Kubernetes node: what GPU resources it offers and whether it may hold sets.
+
+    ``allocatable`` keeps only extended resources (name with a ``/``), as integers.
+    ``ready_since`` is the Ready condition's lastTransitionTime: with ``ready`` False it
+    is when the node went NotReady, which starts the grace period of SPEC §4 step 2.
+    """
+
+    name = models.CharField(max_length=253, unique=True)
+    uid = models.CharField(max_length=64, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    allocatable = models.JSONField(default=dict, blank=True, help_text="resource name -> units")
+    unschedulable = models.BooleanField(default=False, help_text="cordoned: keeps its sets, takes nothing new")
+    ready = models.BooleanField(default=True)
+    ready_since = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def draining(self) -> bool:
+        return str(self.labels.get(engine.DRAIN_LABEL, "")).lower() == "true"
+
+
+class GpuClass(models.Model):
+    """A GPUClass: what tenants order, mapped to the raw node resource it consumes."""
+
+    name = models.CharField(max_length=253, unique=True)
+    resource_name = models.CharField(max_length=253, help_text="raw node resource, e.g. nvidia.com/GA102GL_A10")
+    units_per_device = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    node_selector = models.JSONField(default=dict, blank=True)
+    display_name = models.CharField(max_length=253, blank=True)
+    created = models.DateTimeField(null=True, blank=True)
+    status_allocatable = models.IntegerField(default=0)
+    status_bound = models.IntegerField(default=0)
+    status_lost = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU class"
+        verbose_name_plural = "GPU classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Phase(models.TextChoices):
+    PENDING = engine.Phase.PENDING.value
+    BOUND = engine.Phase.BOUND.value
+    LOST = engine.Phase.LOST.value
+
+
+class GpuDevice(models.Model):
+    """A GPU object: one device a tenant ordered for one VM, and where the binder put it.
+
+    Placement fields (``phase``, ``node``, ``since``, ``reason``, ``answered_request``,
+    ``answer``) are written by the binder only; ``bind_request`` by the webhook only.
+    ``class_name`` is a name, not a foreign key: a device may name a class that does
+    not exist (yet), and then stays Pending saying so.
+    """
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=253)
+    class_name = models.CharField(max_length=253)
+    vm_name = models.CharField(max_length=253)
+    phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.PENDING)
+    node = models.CharField(max_length=253, blank=True)
+    since = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    bind_request = models.CharField(max_length=128, blank=True)
+    answered_request = models.CharField(max_length=128, blank=True)
+    answer = models.TextField(blank=True)
+    created = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["namespace__name", "name"]
+        verbose_name = "GPU device"
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_device_per_namespace")]
+        indexes = [
+            models.Index(fields=["namespace", "vm_name"], name="device_set_idx"),
+            models.Index(fields=["phase"], name="device_phase_idx"),
+            models.Index(fields=["node"], name="device_node_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace_id and self.namespace.name}/{self.name}"
+
+
+class LostSet(GpuDevice):
+    """The admin's Lost sets view: Lost devices grouped by set (a proxy, no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "Lost set"
+
+
+class GpuBudget(models.Model):
+    """A GPUBudget: a tenant's limits per class key or raw key, and the usage the binder saw."""
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="budgets")
+    name = models.CharField(max_length=253)
+    limits = models.JSONField(default=dict, help_text="key -> units; a key with / is a raw resource name")
+    used = models.JSONField(default=dict, blank=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["namespace__name", "name"]
+        verbose_name = "GPU budget"
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_budget_per_namespace")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace.name}/{self.name}"
+
+
+class VirtualMachineInstance(models.Model):
+    """A KubeVirt VMI: the devices it names and, in ``active_pods``, its real launchers.
+
+    ``active_pods`` (pod UID -> node) is the only proof that a pod is this VMI's launcher
+    (SPEC §2); it is written by virt-controller, not by whoever creates the pod.
+    """
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="vmis")
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    device_names = models.JSONField(default=list, blank=True, help_text="spec gpus/hostDevices deviceNames")
+    active_pods = models.JSONField(default=dict, blank=True, help_text="status.activePods: pod uid -> node")
+    node = models.CharField(max_length=253, blank=True)
+    phase = models.CharField(max_length=32, blank=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["namespace__name", "name"]
+        verbose_name = "VMI"
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_vmi_per_namespace")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace.name}/{self.name}"
+
+
+class Pod(models.Model):
+    """A pod that requests GPU resources: raw usage unless it is a VMI's proven launcher.
+
+    The owner fields are hints only (which VMI to look up); they are written by the
+    pod's creator and prove nothing.
+    """
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="pods")
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64)
+    node = models.CharField(max_length=253, blank=True)
+    phase = models.CharField(max_length=32, blank=True)
+    gpu_requests = models.JSONField(default=dict, blank=True, help_text="resource -> units (request, else limit)")
+    owner_kind = models.CharField(max_length=64, blank=True)
+    owner_name = models.CharField(max_length=253, blank=True)
+    owner_uid = models.CharField(max_length=64, blank=True)
+    owner_vmi_hint = models.CharField(max_length=253, blank=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["namespace__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_pod_per_namespace")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace.name}/{self.name}"
+
+
+class PassKind(models.TextChoices):
+    FULL = "full"
+    ANSWER = "answer"
+
+
+class PassRun(models.Model):
+    """One binder pass: when it ran, how long it took and what it did (for staff and metrics)."""
+
+    kind = models.CharField(max_length=8, choices=PassKind.choices)
+    started = models.DateTimeField()
+    finished = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    devices_seen = models.IntegerField(default=0)
+    devices_written = models.IntegerField(default=0)
+    bound = models.IntegerField(default=0)
+    moved = models.IntegerField(default=0)
+    lost = models.IntegerField(default=0)
+    refused = models.IntegerField(default=0)
+    restored = models.IntegerField(default=0)
+    skipped = models.CharField(max_length=128, blank=True, help_text="why the pass placed nothing")
+
+    class Meta:
+        ordering = ["-started"]
+        verbose_name = "pass"
+        verbose_name_plural = "passes"
+
+    def __str__(self) -> str:
+        return f"{self.kind} pass #{self.pk}"
+
+
+class Decision(models.Model):
+    """The decision log: one row per device placement change, with the pass and the reason.
+
+    Namespace and names are copied, not linked, so the history outlives the objects and
+    answers "why is (or was) my GPU here" after a device or namespace is gone.
+    """
+
+    NAMESPACE_LOOKUP = "namespace"
+
+    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="decisions")
+    namespace = models.CharField(max_length=63)
+    vm_name = models.CharField(max_length=253)
+    device_name = models.CharField(max_length=253)
+    from_phase = models.CharField(max_length=16, choices=Phase.choices)
+    from_node = models.CharField(max_length=253, blank=True)
+    to_phase = models.CharField(max_length=16, choices=Phase.choices)
+    to_node = models.CharField(max_length=253, blank=True)
+    reason = models.TextField(blank=True)
+    created = models.DateTimeField()
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [
+            models.Index(fields=["namespace", "device_name"], name="decision_device_idx"),
+            models.Index(fields=["namespace", "vm_name"], name="decision_set_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.namespace}/{self.device_name}: {self.from_phase} {self.from_node} -> {self.to_phase} {self.to_node}"
+        )

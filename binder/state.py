@@ -1,0 +1,68 @@
+"""The cluster state as operators read it: devices, node booking and tenant usage.
+
+``dump_state --json`` prints exactly this (SPEC §8), and the admin and the catalog read
+the same numbers, all computed by the engine's one ledger from one snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.utils import timezone
+
+from . import models
+from .engine import effective_limits, ledger_for, tenant_usage
+from .engine import types as e
+from .mirror import read_cluster
+
+
+def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
+    """The SPEC §8 state document: lists sorted by namespace then name, integers in units."""
+    if cluster is None:
+        cluster, _ = read_cluster(timezone.now())
+    ledger = ledger_for(cluster)
+    devices = [
+        {
+            "namespace": d.namespace,
+            "name": d.name,
+            "class": d.class_name,
+            "vm": d.vm_name,
+            "phase": d.phase.value,
+            "node": d.node,
+            "reason": d.reason,
+        }
+        for d in sorted(cluster.devices, key=lambda d: d.key)
+    ]
+    nodes = []
+    for node in sorted(cluster.nodes, key=lambda n: n.name):
+        resources = set(node.allocatable) | {r for r, units in ledger.booked.get(node.name, {}).items() if units}
+        nodes.append(
+            {
+                "name": node.name,
+                "resources": {
+                    r: {
+                        "allocatable": node.allocatable.get(r, 0),
+                        "booked": ledger.booked[node.name][r],
+                        "free": ledger.free(node.name, r),
+                    }
+                    for r in sorted(resources)
+                },
+            }
+        )
+    budgets: dict[str, list[e.Budget]] = defaultdict(list)
+    for budget in cluster.budgets:
+        budgets[budget.namespace].append(budget)
+    namespaces = set(models.Namespace.objects.values_list("name", flat=True))
+    namespaces |= {d.namespace for d in cluster.devices} | set(budgets)
+    tenants = [
+        {
+            "namespace": ns,
+            "usage": tenant_usage(ledger, ns),
+            "limits": dict(
+                sorted(effective_limits(budgets.get(ns, ()), cluster.settings.default_budget).per_key.items())
+            ),
+        }
+        for ns in sorted(namespaces)
+    ]
+    return {"devices": devices, "nodes": nodes, "tenants": tenants}

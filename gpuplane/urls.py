@@ -1,0 +1,22 @@
+"""URL map: the staff admin, health, the API schema (endpoints arrive with their issues)."""
+
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness for probes and for ``make demo`` to know the server is up."""
+    return JsonResponse({"status": "ok"})
+
+
+admin.site.site_header = "gpuplane"
+admin.site.site_title = "gpuplane"
+admin.site.index_title = "GPU placement, budgets and usage"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+]

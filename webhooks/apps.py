@@ -1,0 +1,8 @@
+"""The webhooks app: admission decisions for KubeVirt VMIs (SPEC §5)."""
+
+from django.apps import AppConfig
+
+
+class WebhooksConfig(AppConfig):
+    name = "webhooks"
+    verbose_name = "Admission webhooks"

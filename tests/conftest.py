@@ -1,0 +1,29 @@
+"""Shared test setup.
+
+Passes are driven by hand in tests (``GPUPLANE_AUTO_PASS`` off) unless a test turns
+automatic passes on to check them. With ``GPUPLANE_FORBID_SKIPS=1`` (the PostgreSQL run
+in CI) any skipped test fails the session, so a run that silently fell back is red.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _manual_passes(settings: Any) -> None:
+    settings.GPUPLANE_AUTO_PASS = False
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("GPUPLANE_FORBID_SKIPS") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if skipped:
+        if reporter:
+            reporter.write_line(f"GPUPLANE_FORBID_SKIPS=1: {skipped} test(s) skipped; failing the run", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -126,6 +126,10 @@ class _Reader:
             if default is None:
                 raise self.fail(path, "is required")
             return default
+        return self.count(path, value, minimum=minimum)
+
+    def count(self, path: str, value: Any, *, minimum: int | None = None) -> int:
+        """A whole-number quantity already read (map values whose keys hold dots)."""
         units = self.units(path, value)
         if minimum is not None and units < minimum:
             raise self.fail(path, f"must be at least {minimum}, got {units}")
@@ -292,8 +296,8 @@ def parse_gpu_budget(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, (f"{GROUP}/v1alpha1",))
     name, namespace = r.name(), r.namespace()
-    limits = {str(key): r.integer(f"spec.limits[{key}]", minimum=0) for key in r.mapping("spec.limits")}
-    used = {str(key): r.integer(f"status.used[{key}]", minimum=0) for key in r.mapping("status.used")}
+    limits = {str(k): r.count(f"spec.limits[{k}]", v, minimum=0) for k, v in r.mapping("spec.limits").items()}
+    used = {str(k): r.count(f"status.used[{k}]", v, minimum=0) for k, v in r.mapping("status.used").items()}
     return Parsed("GPUBudget", namespace, name, {"limits": limits, "used": used})
 
 

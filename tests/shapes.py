@@ -81,14 +81,17 @@ def node(name: str, allocatable: dict[str, int], **kwargs: Any) -> e.Node:
     return engine(node_obj(name, allocatable, **kwargs))  # type: ignore[no-any-return]
 
 
-def class_obj(
-    name: str, resource: str, units: int = 1, selector: dict[str, str] | None = None
-) -> dict[str, Any]:
+def class_obj(name: str, resource: str, units: int = 1, selector: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "gpuplane.io/v1alpha1",
         "kind": "GPUClass",
         "metadata": {"name": name, "uid": new_uid(), "creationTimestamp": "2026-11-01T00:00:00Z"},
-        "spec": {"resourceName": resource, "unitsPerDevice": units, "nodeSelector": selector or {}, "displayName": name},
+        "spec": {
+            "resourceName": resource,
+            "unitsPerDevice": units,
+            "nodeSelector": selector or {},
+            "displayName": name,
+        },
     }
 
 

@@ -424,6 +424,24 @@ PARSERS = {
     "GPUBudget": parse_gpu_budget,
 }
 
+#: The API group each mirrored kind belongs to ("" is the core group).
+GROUPS = {
+    "Namespace": "",
+    "Node": "",
+    "Pod": "",
+    "VirtualMachineInstance": "kubevirt.io",
+    "GPUClass": GROUP,
+    "GPU": GROUP,
+    "GPUBudget": GROUP,
+}
+
+
+def api_group(api_version: Any) -> str | None:
+    """``kubevirt.io/v1`` -> ``kubevirt.io``; ``v1`` -> ``""``; None if not a string."""
+    if not isinstance(api_version, str) or not api_version:
+        return None
+    return api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+
 
 def parse_object(obj: Any, where: str = "") -> Parsed | None:
     """Parse one object; None for kinds gpuplane does not mirror."""
@@ -435,6 +453,9 @@ def parse_object(obj: Any, where: str = "") -> Parsed | None:
     parser = PARSERS.get(kind)
     if parser is None:
         return None
+    group = api_group(obj.get("apiVersion"))
+    if group is not None and group != GROUPS[kind]:
+        return None  # a same-named kind of another API group (e.g. a vendor's "GPU")
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ObjectError(describe(obj), "metadata", "is required and must be a mapping")

@@ -95,6 +95,7 @@ class _Pass:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
+        self._eligible: dict[frozenset[str], list[str]] = {}
 
     # -- reading -------------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ class _Pass:
         if node is None:
             return f"node {node_name} was deleted"
         if self.not_ready_past_grace(node_name):
-            since = node.ready_since.isoformat() if node.ready_since else "an unknown time"
+            since = _rfc3339(node.ready_since) if node.ready_since else "an unknown time"
             return (
                 f"node {node_name} has been NotReady since {since}, "
                 f"longer than the {self.settings.node_grace_seconds}s grace period"
@@ -198,23 +199,44 @@ class _Pass:
         need = self.units(moving)
         if not need:
             return None
-        # Nodes where the set's own units or its launcher pods already sit can take more
-        # than their free units suggest; everywhere else free units must cover the need.
+        # Nodes where the set's own units or its launcher pods already sit need the full
+        # delta (the pods' raw booking shrinks as devices arrive); everywhere else the set
+        # simply adds its units, and free units must cover them.
         special = {d.node for d in self.members(key) if d.phase is Phase.BOUND}
         special |= {p.node for p, _ in self.ledger.launcher_pods.get(key, ())}
+        prefer = prefer or Counter()
+        free = self.ledger.free
         best: tuple[int, int, str] | None = None
-        for name in self.node_names:
-            if name in skip or self.cannot_take(name, moving):
+        for name in self.eligible_nodes(moving):
+            if name in skip:
                 continue
-            if name not in special and any(self.ledger.free(name, r) < n for r, n in need.items()):
-                continue
-            left = self.fit(key, placed_on(name), name)
+            left: int | None
+            if name in special:
+                left = self.fit(key, placed_on(name), name)
+            else:
+                left = 0
+                for resource, units in need.items():
+                    after = free(name, resource) - units
+                    if after < 0:
+                        left = None
+                        break
+                    left += after
             if left is None:
                 continue
-            rank = (-(prefer or Counter())[name], left, name)
+            rank = (-prefer[name], left, name)
             if best is None or rank < best:
                 best = rank
         return best[2] if best else None
+
+    def eligible_nodes(self, devices: Sequence[Device]) -> list[str]:
+        """Nodes that may take new units of ``devices``' classes, sorted (cached per pass:
+        readiness, cordons and labels do not change within a pass)."""
+        classes = frozenset(d.class_name for d in devices)
+        cached = self._eligible.get(classes)
+        if cached is None:
+            cached = [name for name in self.node_names if not self.cannot_take(name, devices)]
+            self._eligible[classes] = cached
+        return cached
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
         """Why making ``candidate`` current would push the tenant over a budget, or None."""
@@ -580,6 +602,10 @@ class _Pass:
             )
             status[name] = ClassStatus(allocatable=allocatable, bound=bound[name], lost=lost[name])
         return status
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _first_refusal(members: Iterable[Device]) -> str:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import resource
 import statistics
 import sys
 import time
-import resource
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -82,7 +82,7 @@ def main() -> None:
         times.append(time.perf_counter() - start)
         assert not again.changes, "steady state changed placement"
     bound = result.counts["bound"]
-    print(f"| nodes | devices | sets bound | bind pass | sets/s | process max RSS MiB | steady median | steady max |")
+    print("| nodes | devices | sets bound | bind pass | sets/s | process max RSS MiB | steady median | steady max |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(
         f"| {args.nodes} | {len(cluster.devices)} | {bound} | {bind_s:.2f} s | {bound / bind_s:.0f} | "

@@ -123,6 +123,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # half way with "database is locked" on its first write.
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Tests use a file, not shared-cache memory, so several connections (threads, the pass
+    # lock's file lock) behave as they do in the embedded default.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-gpuplane-{os.getpid()}.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

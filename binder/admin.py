@@ -11,8 +11,9 @@ from collections import defaultdict
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -90,7 +91,17 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "node", "reason"]
     list_select_related = ["namespace"]
-    readonly_fields = ["phase", "node", "since", "reason", "answered_request", "answer", "decision_history"]
+    # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
+    readonly_fields = [
+        "phase",
+        "node",
+        "since",
+        "reason",
+        "bind_request",
+        "answered_request",
+        "answer",
+        "decision_history",
+    ]
     actions = [run_full_pass]
 
     @admin.display(description="why is this GPU here?")
@@ -209,9 +220,17 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if request.method == "POST" and request.POST.get("retry"):
-            queue_full_pass()
-            self.message_user(request, f"Queued a full pass to retry {request.POST['retry']}.", messages.SUCCESS)
+        # This view replaces the stock changelist, so it must make the stock permission checks.
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            if request.POST.get("retry"):
+                queue_full_pass()
+                self.message_user(request, f"Queued a full pass to retry {request.POST['retry']}.", messages.SUCCESS)
+            # Post/redirect/get: reloading the page must not queue another pass.
+            return HttpResponseRedirect(request.get_full_path())
         lost = models.GpuDevice.objects.filter(phase=models.Phase.LOST).select_related("namespace")
         sets: dict[tuple[str, str], list[models.GpuDevice]] = defaultdict(list)
         for device in lost.order_by("namespace__name", "vm_name", "name"):

@@ -21,6 +21,15 @@ GROUP = "gpuplane.io"
 BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
 PHASES = ("Pending", "Bound", "Lost")
 
+#: Kubernetes' length limits, which the mirror's columns are sized for: object names
+#: (DNS subdomains), namespace names (DNS labels), UIDs, and the bind request ids.
+NAME_MAX = 253
+NAMESPACE_MAX = 63
+UID_MAX = 64
+KIND_MAX = 64
+PHASE_MAX = 32
+REQUEST_ID_MAX = 128
+
 #: Extended resources that are never GPUs: KubeVirt's own device plugins.
 NON_GPU_PREFIXES = ("kubernetes.io/", "devices.kubevirt.io/")
 
@@ -78,7 +87,7 @@ class _Reader:
             node = node.get(part)
         return default if node is None else node
 
-    def string(self, path: str, *, required: bool = False, default: str = "") -> str:
+    def string(self, path: str, *, required: bool = False, default: str = "", max_length: int | None = None) -> str:
         value = self.get(path)
         if value is None or value == "":
             if required:
@@ -86,6 +95,12 @@ class _Reader:
             return default
         if not isinstance(value, str):
             raise self.fail(path, f"must be a string, got {type(value).__name__} {value!r}")
+        return self.limited(path, value, max_length)
+
+    def limited(self, path: str, value: str, max_length: int | None) -> str:
+        """``value``, if it fits the mirror's column (Kubernetes' own limits)."""
+        if max_length is not None and len(value) > max_length:
+            raise self.fail(path, f"must be at most {max_length} characters, got {len(value)}")
         return value
 
     def mapping(self, path: str) -> dict[str, Any]:
@@ -166,11 +181,11 @@ class _Reader:
             raise self.fail(path, f"needs a time zone (e.g. a trailing Z): {value!r}")
         return parsed
 
-    def name(self) -> str:
-        return self.string("metadata.name", required=True)
+    def name(self, max_length: int = NAME_MAX) -> str:
+        return self.string("metadata.name", required=True, max_length=max_length)
 
     def namespace(self) -> str:
-        return self.string("metadata.namespace", required=True)
+        return self.string("metadata.namespace", required=True, max_length=NAMESPACE_MAX)
 
 
 def _check_api(r: _Reader, expected: tuple[str, ...]) -> None:
@@ -182,13 +197,13 @@ def _check_api(r: _Reader, expected: tuple[str, ...]) -> None:
 def parse_namespace(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, ("v1",))
-    name = r.name()
+    name = r.name(max_length=NAMESPACE_MAX)
     return Parsed(
         "Namespace",
         "",
         name,
         {
-            "uid": r.string("metadata.uid"),
+            "uid": r.string("metadata.uid", max_length=UID_MAX),
             "labels": r.string_map("metadata.labels"),
             "created": r.timestamp("metadata.creationTimestamp"),
         },
@@ -200,7 +215,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
     _check_api(r, ("v1",))
     name = r.name()
     allocatable = {
-        resource: r.units(f"status.allocatable[{resource}]", value)
+        resource: r.count(f"status.allocatable[{resource}]", value, minimum=0)
         for resource, value in r.mapping("status.allocatable").items()
         if is_gpu_resource(resource)
     }
@@ -226,7 +241,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
         "",
         name,
         {
-            "uid": r.string("metadata.uid"),
+            "uid": r.string("metadata.uid", max_length=UID_MAX),
             "labels": r.string_map("metadata.labels"),
             "allocatable": allocatable,
             "unschedulable": r.boolean("spec.unschedulable"),
@@ -241,7 +256,7 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, (f"{GROUP}/v1alpha1",))
     name = r.name()
-    resource = r.string("spec.resourceName", required=True)
+    resource = r.string("spec.resourceName", required=True, max_length=NAME_MAX)
     if "/" not in resource:
         raise r.fail("spec.resourceName", f"must be an extended resource name with a '/', got {resource!r}")
     return Parsed(
@@ -252,7 +267,7 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
             "resource_name": resource,
             "units_per_device": r.integer("spec.unitsPerDevice", default=1, minimum=1),
             "node_selector": r.string_map("spec.nodeSelector"),
-            "display_name": r.string("spec.displayName"),
+            "display_name": r.string("spec.displayName", max_length=NAME_MAX),
             "created": r.timestamp("metadata.creationTimestamp"),
             "status_allocatable": r.integer("status.allocatable", default=0),
             "status_bound": r.integer("status.bound", default=0),
@@ -268,7 +283,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     phase = r.string("status.phase", default="Pending")
     if phase not in PHASES:
         raise r.fail("status.phase", f"must be one of {', '.join(PHASES)}, got {phase!r}")
-    node = r.string("status.node")
+    node = r.string("status.node", max_length=NAME_MAX)
     if phase == "Bound" and not node:
         raise r.fail("status.node", "is required when status.phase is Bound")
     if phase != "Bound" and node:
@@ -278,14 +293,18 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
         namespace,
         name,
         {
-            "class_name": r.string("spec.className", required=True),
-            "vm_name": r.string("spec.vmName", required=True),
+            "class_name": r.string("spec.className", required=True, max_length=NAME_MAX),
+            "vm_name": r.string("spec.vmName", required=True, max_length=NAME_MAX),
             "phase": phase,
             "node": node,
             "since": r.timestamp("status.since"),
             "reason": r.string("status.reason"),
-            "bind_request": r.string_map("metadata.annotations").get(BIND_REQUEST_ANNOTATION, ""),
-            "answered_request": r.string("status.answeredRequest"),
+            "bind_request": r.limited(
+                f"metadata.annotations[{BIND_REQUEST_ANNOTATION}]",
+                r.string_map("metadata.annotations").get(BIND_REQUEST_ANNOTATION, ""),
+                REQUEST_ID_MAX,
+            ),
+            "answered_request": r.string("status.answeredRequest", max_length=REQUEST_ID_MAX),
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),
         },
@@ -325,11 +344,11 @@ def parse_vmi(obj: Mapping[str, Any]) -> Parsed:
         namespace,
         name,
         {
-            "uid": r.string("metadata.uid"),
+            "uid": r.string("metadata.uid", max_length=UID_MAX),
             "device_names": device_names,
             "active_pods": active,
-            "node": r.string("status.nodeName"),
-            "phase": r.string("status.phase"),
+            "node": r.string("status.nodeName", max_length=NAME_MAX),
+            "phase": r.string("status.phase", max_length=PHASE_MAX),
         },
     )
 
@@ -357,9 +376,9 @@ def pod_requests(r: _Reader) -> dict[str, int]:
                 if not is_gpu_resource(resource):
                     continue
                 if resource in requests:
-                    wanted[resource] = r.units(f"{base}.requests[{resource}]", requests[resource])
+                    wanted[resource] = r.count(f"{base}.requests[{resource}]", requests[resource], minimum=0)
                 else:
-                    wanted[resource] = r.units(f"{base}.limits[{resource}]", limits[resource])
+                    wanted[resource] = r.count(f"{base}.limits[{resource}]", limits[resource], minimum=0)
             result.append(wanted)
         return result
 
@@ -385,10 +404,19 @@ def owner_hint(r: _Reader) -> tuple[dict[str, str], str]:
         if not isinstance(ref, Mapping):
             raise r.fail(f"metadata.ownerReferences[{index}]", "must be a mapping")
         if ref.get("controller") or len(refs) == 1:
-            owner = {"kind": str(ref.get("kind", "")), "name": str(ref.get("name", "")), "uid": str(ref.get("uid", ""))}
+            base = f"metadata.ownerReferences[{index}]"
+            owner = {
+                "kind": r.limited(f"{base}.kind", str(ref.get("kind", "")), KIND_MAX),
+                "name": r.limited(f"{base}.name", str(ref.get("name", "")), NAME_MAX),
+                "uid": r.limited(f"{base}.uid", str(ref.get("uid", "")), UID_MAX),
+            }
     hint = owner.get("name", "") if owner.get("kind") == "VirtualMachineInstance" else ""
     if not hint:
-        hint = r.string_map("metadata.annotations").get("kubevirt.io/domain", "")
+        hint = r.limited(
+            "metadata.annotations[kubevirt.io/domain]",
+            r.string_map("metadata.annotations").get("kubevirt.io/domain", ""),
+            NAME_MAX,
+        )
     return owner, hint
 
 
@@ -402,9 +430,9 @@ def parse_pod(obj: Mapping[str, Any]) -> Parsed:
         namespace,
         name,
         {
-            "uid": r.string("metadata.uid", required=True),
-            "node": r.string("spec.nodeName"),
-            "phase": r.string("status.phase", default="Pending"),
+            "uid": r.string("metadata.uid", required=True, max_length=UID_MAX),
+            "node": r.string("spec.nodeName", max_length=NAME_MAX),
+            "phase": r.string("status.phase", default="Pending", max_length=PHASE_MAX),
             "gpu_requests": pod_requests(r),
             "owner_kind": owner.get("kind", ""),
             "owner_name": owner.get("name", ""),

@@ -9,7 +9,7 @@ the field, and only a clean file is written, in one transaction.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,15 +58,30 @@ class LoadReport:
 
 def read_documents(path: Path) -> list[Any]:
     """The objects of a YAML or JSON file: List items flattened, empty documents dropped."""
+    return [obj for _, obj in read_located(path)]
+
+
+def read_located(path: Path) -> list[tuple[str, Any]]:
+    """Like :func:`read_documents`, each object paired with where it starts in the file
+    (``document at line 12``, ``List item 3 at line 40``), so a problem with an object that
+    has no kind or no name can still be found in a dump of thousands."""
     try:
         size = path.stat().st_size
     except OSError as exc:
         raise SnapshotError([f"{path}: cannot read: {exc.strerror}"]) from None
     if size > MAX_SNAPSHOT_BYTES:
         raise SnapshotError([f"{path}: {size} bytes is over the {MAX_SNAPSHOT_BYTES} byte limit"])
+    documents: list[tuple[Any, Any]] = []
     try:
         with path.open("rb") as handle:
-            documents = list(yaml.safe_load_all(handle))
+            loader = yaml.SafeLoader(handle)
+            try:
+                # safe_load_all, keeping each document's node for its line numbers
+                while loader.check_node():
+                    node = loader.get_node()
+                    documents.append((node, loader.construct_document(node)))
+            finally:
+                loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -74,14 +89,40 @@ def read_documents(path: Path) -> list[Any]:
         raise SnapshotError([f"{path}: not valid YAML{where}: {problem}"]) from None
     except UnicodeDecodeError as exc:
         raise SnapshotError([f"{path}: not UTF-8 text: {exc.reason}"]) from None
-    return list(flatten(documents))
+    located: list[tuple[str, Any]] = []
+    for node, doc in documents:
+        line = node.start_mark.line + 1
+        if _is_list(doc):
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                raise SnapshotError([f"{path}: document at line {line}: {doc['kind']}.items must be a list"])
+            lines = _item_lines(node)
+            for index, item in enumerate(items):
+                item_line = lines[index] if index < len(lines) else line
+                located.append((f"{doc['kind']} item {index + 1} at line {item_line}", item))
+        elif doc is not None:
+            located.append((f"document at line {line}", doc))
+    return located
+
+
+def _is_list(doc: Any) -> bool:
+    return isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List")
+
+
+def _item_lines(node: Any) -> list[int]:
+    """Start lines of the ``items`` of a List document's node."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == "items" and isinstance(value, yaml.SequenceNode):
+                return [item.start_mark.line + 1 for item in value.value]
+    return []
 
 
 def flatten(documents: Iterable[Any]) -> Iterator[Any]:
     for index, doc in enumerate(documents):
         if doc is None:
             continue
-        if isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List"):
+        if _is_list(doc):
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise SnapshotError([f"document {index + 1}: {doc['kind']}.items must be a list"])
@@ -90,15 +131,20 @@ def flatten(documents: Iterable[Any]) -> Iterator[Any]:
             yield doc
 
 
-def parse_all(objects: Iterable[Any]) -> tuple[list[Parsed], Counter[str]]:
-    """Parse every object, collecting all problems (duplicates included) before failing."""
+def parse_all(objects: Iterable[Any], locations: Sequence[str] | None = None) -> tuple[list[Parsed], Counter[str]]:
+    """Parse every object, collecting all problems (duplicates included) before failing.
+
+    ``locations`` (one per object) says where each object is in its file; without it
+    objects are numbered.
+    """
     parsed: list[Parsed] = []
     skipped: Counter[str] = Counter()
     problems: list[str] = []
     seen: set[tuple[str, str, str]] = set()
     for index, obj in enumerate(objects):
+        where = locations[index] if locations is not None else f"object {index + 1}"
         try:
-            item = parse_object(obj, where=f"object {index + 1}")
+            item = parse_object(obj, where=where)
         except ObjectError as exc:
             problems.append(str(exc))
             continue
@@ -107,8 +153,8 @@ def parse_all(objects: Iterable[Any]) -> tuple[list[Parsed], Counter[str]]:
             continue
         key = (item.kind, item.namespace, item.name)
         if key in seen:
-            where = f"{item.namespace}/{item.name}" if item.namespace else item.name
-            problems.append(f"{item.kind} {where}: appears more than once in the file")
+            ref = f"{item.namespace}/{item.name}" if item.namespace else item.name
+            problems.append(f"{item.kind} {ref}: appears more than once in the file")
             continue
         seen.add(key)
         parsed.append(item)
@@ -126,9 +172,11 @@ def clear_mirror() -> None:
     models.GpuClass.objects.all().delete()
 
 
-def load_objects(objects: Iterable[Any], *, replace: bool = False) -> LoadReport:
+def load_objects(
+    objects: Iterable[Any], *, replace: bool = False, locations: Sequence[str] | None = None
+) -> LoadReport:
     """Parse and then write ``objects`` in one transaction (upsert by name)."""
-    parsed, skipped = parse_all(objects)
+    parsed, skipped = parse_all(objects, locations)
     report = LoadReport(skipped=skipped)
     with transaction.atomic():
         if replace:
@@ -170,4 +218,5 @@ def _upsert(model: Any, items: list[Parsed], report: LoadReport, ns_ids: Mapping
 
 
 def load_file(path: Path, *, replace: bool = False) -> LoadReport:
-    return load_objects(read_documents(path), replace=replace)
+    located = read_located(path)
+    return load_objects([obj for _, obj in located], replace=replace, locations=[where for where, _ in located])

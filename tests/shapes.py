@@ -195,3 +195,29 @@ def plain_pod_obj(namespace: str, name: str, resource: str, units: int, node: st
     obj["spec"]["containers"][0]["resources"] = {"limits": {resource: str(units)}}
     obj["spec"]["nodeName"] = node
     return obj
+
+
+def budget_obj(namespace: str, limits: dict[str, int], name: str = "gpu-budget") -> dict[str, Any]:
+    """A GPUBudget object (the same shape :func:`budget` parses), for snapshot files."""
+    return {
+        "apiVersion": "gpuplane.io/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"name": name, "namespace": namespace, "uid": new_uid()},
+        "spec": {"limits": dict(limits)},
+    }
+
+
+def namespace_obj(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Namespace as ``kubectl get ns -o yaml`` prints it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "uid": new_uid(),
+            "creationTimestamp": "2026-09-14T10:02:51Z",
+            "labels": {"kubernetes.io/metadata.name": name, **(labels or {})},
+        },
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }

@@ -96,6 +96,8 @@ class _Pass:
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
         self._eligible: dict[frozenset[str], list[str]] = {}
+        #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
+        self._lost_now: set[SetKey] = set()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -336,6 +338,7 @@ class _Pass:
         else:
             self.settle(key, held, Phase.LOST, "", f"lost: no node has room for the whole set ({split})")
             self.counts[Outcome.LOST] += 1
+            self._lost_now.add(key)
 
     def grow(self, key: SetKey, *, allow_move: bool) -> None:
         """New Pending members of a Bound set: grow on its node, else move whole (step 1)."""
@@ -417,6 +420,7 @@ class _Pass:
         else:
             self.settle(key, held, Phase.LOST, "", f"lost: {why}; no other node has room for the set")
             self.counts[Outcome.LOST] += 1
+            self._lost_now.add(key)
 
     # -- step 3: rebind Lost sets --------------------------------------------------------
 
@@ -451,7 +455,8 @@ class _Pass:
                 self.with_reason(
                     key, (d.name for d in held), f"lost: no node has room for {describe_units(self.units(held))}"
                 )
-            self.counts[Outcome.REFUSED] += 1
+            if key not in self._lost_now:
+                self.counts[Outcome.REFUSED] += 1
             return
         self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
         self.counts[Outcome.BOUND] += 1

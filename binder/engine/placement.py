@@ -47,6 +47,7 @@ def full_pass(cluster: Cluster) -> PassResult:
         run.restore_sets()
         run.move_off_unfit_nodes()
         run.rebind_lost_sets()
+        run.grow_sets()
         run.bind_orders()
         run.answer_requests(run.set_keys())
     return run.result()
@@ -309,19 +310,23 @@ class _Pass:
             held = [d for d in self.members(key) if d.held]
             if len({(d.phase, d.node) for d in held}) > 1:
                 self.gather(key)
+            self.grow(key, allow_move=True, final=False)
+
+    def grow_sets(self) -> None:
+        """Retry growing sets whose new members step 1 could not place (before new orders)."""
+        for key in self.set_keys():
             self.grow(key, allow_move=True)
 
     def release_classless(self, key: SetKey) -> None:
-        """Held devices whose class is gone free their units and wait, Pending."""
+        """Devices whose class does not exist hold nothing and wait, Pending, saying why."""
         for device in self.members(key):
-            if device.class_name not in self.classes and device.phase is not Phase.PENDING:
-                self.settle(
-                    key,
-                    [device],
-                    Phase.PENDING,
-                    "",
-                    f"pending: class {device.class_name} does not exist; the device's units were released",
-                )
+            if device.class_name in self.classes:
+                continue
+            missing = f"pending: class {device.class_name} does not exist"
+            if device.phase is not Phase.PENDING:
+                self.settle(key, [device], Phase.PENDING, "", f"{missing}; the device's units were released")
+            elif not device.reason.startswith(missing):
+                self.with_reason(key, [device.name], missing)
 
     def gather(self, key: SetKey) -> None:
         held = [d for d in self.members(key) if d.held]
@@ -340,8 +345,13 @@ class _Pass:
             self.counts[Outcome.LOST] += 1
             self._lost_now.add(key)
 
-    def grow(self, key: SetKey, *, allow_move: bool) -> None:
-        """New Pending members of a Bound set: grow on its node, else move whole (step 1)."""
+    def grow(self, key: SetKey, *, allow_move: bool, final: bool = True) -> None:
+        """New Pending members of a Bound set: grow on its node, else move whole (step 1).
+
+        Step 1 tries first (``final=False``: a refusal is not counted yet); the full pass
+        tries again once steps 2-3 may have freed room, so a second pass has nothing left
+        to do.
+        """
         members = self.members(key)
         held = [d for d in members if d.held]
         fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
@@ -356,7 +366,7 @@ class _Pass:
         refusal = self.budget_refusal(key, self._bound_on(members, node, names))
         if refusal:
             self.with_reason(key, names, f"pending: {refusal}")
-            self.counts[Outcome.REFUSED] += 1
+            self.counts[Outcome.REFUSED] += int(final)
             return
         if not self.cannot_take(node, fresh) and self.fit(key, self._bound_on(members, node, names), node) is not None:
             self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}")
@@ -371,7 +381,7 @@ class _Pass:
             return
         where = f"on {node} or any node with room for the whole set" if allow_move else f"on {node}"
         self.with_reason(key, names, f"pending: no room for {describe_units(self.units(fresh))} {where}")
-        self.counts[Outcome.REFUSED] += 1
+        self.counts[Outcome.REFUSED] += int(final)
 
     # -- step 2: move held sets off nodes that cannot keep them --------------------------
 
@@ -403,8 +413,13 @@ class _Pass:
                 dataclasses.replace(d, phase=Phase.LOST, node="") if d.held else d for d in self.members(key)
             )
             delta = self.ledger.delta(key, lifted)
-            if not any(delta.booked[(node, r)] < 0 for r in over):
-                continue  # its VM's pod would keep booking the same units here
+            allocatable = self.nodes[node].allocatable
+            devices_over = {r for r in over if self.ledger.device_booked[node][r] > allocatable.get(r, 0)}
+            holds = self.units(d for d in held if d.phase is Phase.BOUND and d.node == node)
+            if not any(delta.booked[(node, r)] < 0 for r in over) and not any(holds[r] for r in devices_over):
+                # Moving it would not free a unit here (its VM's pod keeps booking them) and
+                # the devices alone fit: leave it.
+                continue
             detail = ", ".join(
                 f"{r} allocatable {self.nodes[node].allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}"
                 for r in over

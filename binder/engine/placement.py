@@ -336,14 +336,14 @@ class _Pass:
         for device in held:
             if device.phase is Phase.BOUND:
                 prefer[device.node] += self.units([device]).total()
-        node = self.place(key, held, prefer=prefer)
-        if node is not None:
-            self.settle(key, held, Phase.BOUND, node, f"restored: set gathered onto {node} ({split})")
-            self.counts[Outcome.RESTORED] += 1
-        else:
-            self.settle(key, held, Phase.LOST, "", f"lost: no node has room for the whole set ({split})")
-            self.counts[Outcome.LOST] += 1
-            self._lost_now.add(key)
+        self.place_or_lose(
+            key,
+            held,
+            Outcome.RESTORED,
+            lambda node: f"restored: set gathered onto {node} ({split})",
+            f"lost: no node has room for the whole set ({split})",
+            prefer=prefer,
+        )
 
     def grow(self, key: SetKey, *, allow_move: bool, final: bool = True) -> None:
         """New Pending members of a Bound set: grow on its node, else move whole (step 1).
@@ -428,12 +428,33 @@ class _Pass:
 
     def move(self, key: SetKey, from_node: str, why: str, held: Sequence[Device] | None = None) -> None:
         held = list(held) if held is not None else [d for d in self.members(key) if d.held]
-        target = self.place(key, held, exclude=[from_node])
-        if target is not None:
-            self.settle(key, held, Phase.BOUND, target, f"moved from {from_node}: {why}")
-            self.counts[Outcome.MOVED] += 1
+        self.place_or_lose(
+            key,
+            held,
+            Outcome.MOVED,
+            lambda _: f"moved from {from_node}: {why}",
+            f"lost: {why}; no other node has room for the set",
+            exclude=[from_node],
+        )
+
+    def place_or_lose(
+        self,
+        key: SetKey,
+        held: Sequence[Device],
+        outcome: Outcome,
+        placed: Callable[[str], str],
+        lost: str,
+        *,
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> None:
+        """Put the held members of ``key`` on the best node, or send them all to Lost."""
+        node = self.place(key, held, exclude=exclude, prefer=prefer)
+        if node is not None:
+            self.settle(key, held, Phase.BOUND, node, placed(node))
+            self.counts[outcome] += 1
         else:
-            self.settle(key, held, Phase.LOST, "", f"lost: {why}; no other node has room for the set")
+            self.settle(key, held, Phase.LOST, "", lost)
             self.counts[Outcome.LOST] += 1
             self._lost_now.add(key)
 

@@ -46,9 +46,16 @@ def full_pass(cluster: Cluster) -> PassResult:
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
-        run.rebind_lost_sets()
-        run.grow_sets()
-        run.bind_orders()
+        # Steps 3-4, with grown sets retried. Only a growing set that moves whole frees
+        # room; when one did, sweep again so a second pass finds nothing left to place.
+        # Every productive sweep places a Pending or Lost device, so this ends.
+        while True:
+            run.room_freed = False
+            run.rebind_lost_sets()
+            run.grow_sets()
+            run.bind_orders()
+            if not run.room_freed:
+                break
         run.answer_requests(run.set_keys())
     return run.result()
 
@@ -99,6 +106,10 @@ class _Pass:
         self._eligible: dict[frozenset[str], list[str]] = {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
+        #: Sets this pass could not place (counted once, however many sweeps tried them).
+        self.refused: set[SetKey] = set()
+        #: Set when a growing set moved whole this sweep, freeing its old node's units.
+        self.room_freed = False
 
     # -- reading -------------------------------------------------------------------------
 
@@ -299,6 +310,8 @@ class _Pass:
         return self.best_node(key, lambda n: self._bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
 
     def settle(self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str) -> None:
+        if phase is Phase.BOUND:
+            self.refused.discard(key)
         names = {d.name for d in moving}
         self.apply(key, (self._moved(d, phase, node, reason) if d.name in names else d for d in self.members(key)))
 
@@ -366,7 +379,8 @@ class _Pass:
         refusal = self.budget_refusal(key, self._bound_on(members, node, names))
         if refusal:
             self.with_reason(key, names, f"pending: {refusal}")
-            self.counts[Outcome.REFUSED] += int(final)
+            if final:
+                self.refused.add(key)
             return
         if not self.cannot_take(node, fresh) and self.fit(key, self._bound_on(members, node, names), node) is not None:
             self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}")
@@ -378,10 +392,12 @@ class _Pass:
             self.settle(key, held, Phase.BOUND, target, f"moved from {node}: the set grew and {node} has no room")
             self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND)
             self.counts[Outcome.MOVED] += 1
+            self.room_freed = True
             return
         where = f"on {node} or any node with room for the whole set" if allow_move else f"on {node}"
         self.with_reason(key, names, f"pending: no room for {describe_units(self.units(fresh))} {where}")
-        self.counts[Outcome.REFUSED] += int(final)
+        if final:
+            self.refused.add(key)
 
     # -- step 2: move held sets off nodes that cannot keep them --------------------------
 
@@ -492,7 +508,7 @@ class _Pass:
                     key, (d.name for d in held), f"lost: no node has room for {describe_units(self.units(held))}"
                 )
             if key not in self._lost_now:
-                self.counts[Outcome.REFUSED] += 1
+                self.refused.add(key)
             return
         self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
         self.counts[Outcome.BOUND] += 1
@@ -522,13 +538,13 @@ class _Pass:
                 else:
                     why = f"pending: waiting for the set's devices of missing class {', '.join(missing)}"
                 self.with_reason(key, [device.name], why)
-            self.counts[Outcome.REFUSED] += 1
+            self.refused.add(key)
             return
         names = {d.name for d in members}
         refusal = self.budget_refusal(key, self._bound_on(members, "-", names))
         if refusal:
             self.with_reason(key, names, f"pending: {refusal}")
-            self.counts[Outcome.REFUSED] += 1
+            self.refused.add(key)
             return
         node = self.place(key, members)
         if node is None:
@@ -538,7 +554,7 @@ class _Pass:
                 f"pending: no Ready, schedulable node matching the set's classes has room for "
                 f"{describe_units(self.units(members))}",
             )
-            self.counts[Outcome.REFUSED] += 1
+            self.refused.add(key)
             return
         self.settle(key, members, Phase.BOUND, node, REASON_BOUND)
         self.counts[Outcome.BOUND] += 1
@@ -614,6 +630,7 @@ class _Pass:
             for budget in sorted(self.budgets, key=lambda b: (b.namespace, b.name)):
                 used = self.ledger.used.get(budget.namespace, Counter())
                 budget_used[(budget.namespace, budget.name)] = {k: used[k] for k in sorted(budget.limits)}
+        self.counts[Outcome.REFUSED] = len(self.refused)
         return PassResult(
             devices=tuple(devices),
             changes=tuple(changes),

@@ -439,3 +439,20 @@ def test_a_second_pass_changes_nothing() -> None:
     again = dataclasses.replace(c, devices=tuple(state(first, c).values()))
     second = full_pass(again)
     assert second.changes == () and second.devices == ()
+
+
+def test_over_booked_node_keeps_the_set_whose_vm_runs_there() -> None:
+    # n1 shrank to 1 unit under an older set and a newer one whose VM runs on n1. Moving the
+    # newer set frees nothing (its launcher pod keeps booking the unit); moving the older does.
+    devices = held("t1", "newer", 1, "n1", since="2026-11-20T00:00:00Z")
+    vmi = vmi_obj("t1", "newer", [d.name for d in devices], {"uid-n": "n1"}, "n1")
+    c = cluster(
+        *held("t1", "older", 1, "n1", since="2026-11-01T00:00:00Z"),
+        *devices,
+        nodes=(node("n1", {H100: 1}), node("n2", {H100: 1})),
+        vmis=(engine(vmi),),
+        pods=(engine(launcher_obj(vmi, H100, 1, "n1", uid="uid-n")),),
+    )
+    result = full_pass(c)
+    assert placement(result, c, "newer") == {(e.Phase.BOUND, "n1")}
+    assert placement(result, c, "older") == {(e.Phase.BOUND, "n2")}

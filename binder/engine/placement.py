@@ -46,16 +46,18 @@ def full_pass(cluster: Cluster) -> PassResult:
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
-        # Steps 3-4, with grown sets retried. Only a growing set that moves whole frees
-        # room; when one did, sweep again so a second pass finds nothing left to place.
-        # Every productive sweep places a Pending or Lost device, so this ends.
+        # Step 3, then the growth step 1 could not do yet. A growing set that moves whole
+        # frees room on its old node: Lost sets get it first, then growth again. Each
+        # round places a Pending or Lost device, so this ends; new orders come last, so
+        # a second pass finds nothing left to place.
+        run.rebind_lost_sets()
         while True:
             run.room_freed = False
-            run.rebind_lost_sets()
             run.grow_sets()
-            run.bind_orders()
             if not run.room_freed:
                 break
+            run.rebind_lost_sets()
+        run.bind_orders()
         run.answer_requests(run.set_keys())
     return run.result()
 
@@ -420,27 +422,34 @@ class _Pass:
             bound = [d for d in self.members(key) if d.phase is Phase.BOUND and d.node == node]
             if bound:
                 residents.append((max(d.since or _EPOCH for d in bound), key))
-        for _, key in sorted(residents, reverse=True):
-            over = self.ledger.over_booked(node)
-            if not over:
-                return
-            held = [d for d in self.members(key) if d.held]
-            lifted = tuple(
-                dataclasses.replace(d, phase=Phase.LOST, node="") if d.held else d for d in self.members(key)
-            )
-            delta = self.ledger.delta(key, lifted)
-            allocatable = self.nodes[node].allocatable
-            devices_over = {r for r in over if self.ledger.device_booked[node][r] > allocatable.get(r, 0)}
-            holds = self.units(d for d in held if d.phase is Phase.BOUND and d.node == node)
-            if not any(delta.booked[(node, r)] < 0 for r in over) and not any(holds[r] for r in devices_over):
-                # Moving it would not free a unit here (its VM's pod keeps booking them) and
-                # the devices alone fit: leave it.
-                continue
-            detail = ", ".join(
-                f"{r} allocatable {self.nodes[node].allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}"
-                for r in over
-            )
-            self.move(key, node, f"node {node} is over-booked ({detail})", held=held)
+        # First the sets whose leaving frees units here, newest first. A set whose VM's
+        # launcher pod runs here frees nothing by leaving (the pod keeps booking its
+        # units), so it is moved only if the devices alone still do not fit.
+        for frees_units in (True, False):
+            for _, key in sorted(residents, reverse=True):
+                over = self.ledger.over_booked(node)
+                if not over:
+                    return
+                held = [d for d in self.members(key) if d.held]
+                holds = self.units(d for d in held if d.phase is Phase.BOUND and d.node == node)
+                if not holds:
+                    continue  # already moved
+                lifted = tuple(
+                    dataclasses.replace(d, phase=Phase.LOST, node="") if d.held else d for d in self.members(key)
+                )
+                delta = self.ledger.delta(key, lifted)
+                allocatable = self.nodes[node].allocatable
+                if frees_units:
+                    if not any(delta.booked[(node, r)] < 0 for r in over):
+                        continue
+                else:
+                    devices_over = {r for r in over if self.ledger.device_booked[node][r] > allocatable.get(r, 0)}
+                    if not any(holds[r] for r in devices_over):
+                        continue
+                detail = ", ".join(
+                    f"{r} allocatable {allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}" for r in over
+                )
+                self.move(key, node, f"node {node} is over-booked ({detail})", held=held)
 
     def move(self, key: SetKey, from_node: str, why: str, held: Sequence[Device] | None = None) -> None:
         held = list(held) if held is not None else [d for d in self.members(key) if d.held]

@@ -265,3 +265,16 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/binder/lost_sets.html", context)
+
+
+@admin.register(models.BindAnswer)
+class BindAnswerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency_ms", "answer"]
+    list_filter = ["allowed", "namespace"]
+    search_fields = ["device_name", "request", "answer"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

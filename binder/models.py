@@ -119,6 +119,9 @@ class GpuDevice(models.Model):
     since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     bind_request = models.CharField(max_length=128, blank=True)
+    bind_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the webhook wrote bind_request (for answer latency)"
+    )
     answered_request = models.CharField(max_length=128, blank=True)
     answer = models.TextField(blank=True)
     created = models.DateTimeField(null=True, blank=True)
@@ -289,3 +292,32 @@ class Decision(models.Model):
         return (
             f"{self.namespace}/{self.device_name}: {self.from_phase} {self.from_node} -> {self.to_phase} {self.to_node}"
         )
+
+
+class BindAnswer(models.Model):
+    """One answered bind request: what the webhook was told and how long it waited.
+
+    The device keeps only its latest request; this history feeds the answer-latency
+    metric and answers "why was my VM refused at 10:02" after later requests.
+    """
+
+    NAMESPACE_LOOKUP = "namespace"
+
+    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="answers")
+    namespace = models.CharField(max_length=63)
+    device_name = models.CharField(max_length=253)
+    request = models.CharField(max_length=128)
+    allowed = models.BooleanField()
+    answer = models.TextField()
+    requested_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField()
+    latency_ms = models.FloatField(null=True, blank=True, help_text="answered_at - requested_at")
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-answered_at", "-id"]
+        indexes = [models.Index(fields=["namespace", "device_name"], name="answer_device_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.device_name} {self.request}: {'allowed' if self.allowed else 'refused'}"

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import models
-from .engine import PassResult, answer_pass, full_pass
+from .engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from .engine import types as e
 from .locking import pass_lock
 from .mirror import read_cluster
@@ -112,6 +112,36 @@ def write_result(run: models.PassRun, result: PassResult, ids: dict[tuple[str, s
             used = result.budget_used.get((budget.namespace.name, budget.name))
             if used is not None and budget.used != dict(used):
                 models.GpuBudget.objects.filter(pk=budget.pk).update(used=dict(used))
+    _record_answers(run, result, ids)
     run.devices_written = len(rows)
     for outcome in e.Outcome:
         setattr(run, outcome.value, result.counts.get(outcome.value, 0))
+
+
+def _record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int]) -> None:
+    """One BindAnswer per request this pass answered, with its latency when known."""
+    keys = set(result.answered)
+    answered = [d for d in result.devices if d.key in keys and d.key in ids]
+    if not answered:
+        return
+    requested = dict(
+        models.GpuDevice.objects.filter(id__in=[ids[d.key] for d in answered]).values_list("id", "bind_requested_at")
+    )
+    now = timezone.now()
+    rows = []
+    for device in answered:
+        at = requested.get(ids[device.key])
+        rows.append(
+            models.BindAnswer(
+                pass_run=run,
+                namespace=device.namespace,
+                device_name=device.name,
+                request=device.answered_request,
+                allowed=device.answer.startswith(ANSWER_BOUND),
+                answer=device.answer,
+                requested_at=at,
+                answered_at=now,
+                latency_ms=(now - at).total_seconds() * 1000 if at else None,
+            )
+        )
+    models.BindAnswer.objects.bulk_create(rows, batch_size=1000)

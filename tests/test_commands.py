@@ -446,3 +446,28 @@ def test_demo_with_a_bad_file_fails_cleanly(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="GPUClass zero: spec.unitsPerDevice"):
         command("demo", "--file", str(bad))
     assert not get_user_model().objects.filter(username="admin").exists()
+
+
+def test_answered_bind_requests_are_recorded_with_their_latency() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from binder.snapshot import load_objects
+
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 1})])
+    load_objects(
+        [
+            gpu_obj("t1", "a-gpu0", "h100", "a", bind_request="req-a"),
+            gpu_obj("t1", "b-gpu0", "h100", "b", bind_request="req-b", created="2026-11-21T10:00:00Z"),
+        ]
+    )
+    models.GpuDevice.objects.filter(name="a-gpu0").update(bind_requested_at=timezone.now() - timedelta(seconds=2))
+    run = run_pass(models.PassKind.ANSWER)
+    answers = {a.device_name: a for a in models.BindAnswer.objects.filter(pass_run=run)}
+    assert answers["a-gpu0"].allowed and answers["a-gpu0"].answer == "bound:n1"
+    assert answers["a-gpu0"].latency_ms is not None and answers["a-gpu0"].latency_ms >= 2000
+    assert not answers["b-gpu0"].allowed and answers["b-gpu0"].latency_ms is None
+    # Answered once: the next pass records nothing more.
+    again = run_pass(models.PassKind.FULL)
+    assert not models.BindAnswer.objects.filter(pass_run=again).exists()

@@ -110,6 +110,7 @@ class _Pass:
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).
         self.refused: set[SetKey] = set()
+        self.answered: list[tuple[str, str]] = []
         #: Set when a growing set moved whole this sweep, freeing its old node's units.
         self.room_freed = False
 
@@ -604,6 +605,7 @@ class _Pass:
                     else:
                         answer = ANSWER_REFUSED + (_first_refusal(members) or "the set is not placed")
                     device = dataclasses.replace(device, answered_request=device.bind_request, answer=answer)
+                    self.answered.append(device.key)
                 answered.append(device)
             self.apply(key, answered)
 
@@ -646,6 +648,7 @@ class _Pass:
             counts=dict(self.counts),
             class_status=class_status,
             budget_used=budget_used,
+            answered=tuple(self.answered),
         )
 
     def class_status(self) -> dict[str, ClassStatus]:

@@ -219,3 +219,5 @@ class PassResult:
     counts: Mapping[str, int]
     class_status: Mapping[str, ClassStatus] = field(default_factory=dict)
     budget_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    answered: tuple[tuple[str, str], ...] = ()
+    """(namespace, name) of every device whose bind request this pass answered."""

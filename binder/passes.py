@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -42,6 +43,8 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         now = timezone.now()
         cluster, ids = read_cluster(now)
         result = engine(cluster)
+        if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
+            time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
         run = models.PassRun.objects.create(kind=kind, started=now, devices_seen=len(cluster.devices))
         if not cluster.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"

@@ -148,17 +148,36 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 
 # -- Celery: the binder queue ---------------------------------------------------------------
+# One queue, "binder". Answer passes are published with priority 0 and full passes with
+# priority 9. Kombu's Redis transport keeps one list per priority step ("binder",
+# "binder:9") and pops them with one BRPOP in step order, so a worker always takes a
+# waiting answer pass before a waiting full pass. With late acks and a prefetch of one,
+# a worker holds no second message while a pass runs, so an answer pass waits at most
+# for the pass in flight. (Several queues would not do: the worker rotates them.)
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or None
 #: No broker: run tasks in-process (the embedded default).
 CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_DEFAULT_QUEUE = "binder"
 CELERY_TASK_ROUTES = {"binder.*": {"queue": "binder"}}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "priority_steps": [0, 9],
+    "sep": ":",
+    "queue_order_strategy": "priority",
+    "visibility_timeout": 3600,
+}
 CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+#: Periodic resync: a full pass every GPUPLANE_RESYNC_SECONDS (run ``celery beat``).
+GPUPLANE_RESYNC_SECONDS = env_int("GPUPLANE_RESYNC_SECONDS", 30, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "gpuplane-resync": {"task": "binder.resync", "schedule": float(GPUPLANE_RESYNC_SECONDS)},
+}
 
 # -- gpuplane (SPEC §9) --------------------------------------------------------------------
 GPUPLANE_CLUSTER = env_choice("GPUPLANE_CLUSTER", "standalone", ("standalone", "kubernetes"))
@@ -166,9 +185,15 @@ GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
 GPUPLANE_BIND_WAIT_SECONDS = env_int("GPUPLANE_BIND_WAIT_SECONDS", 8, minimum=1)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
+#: Fault injection for the worker integration tests only: sleep this long inside every
+#: pass, holding the pass lock, between reading and writing. Never set it in production.
+GPUPLANE_FAULT_PASS_DELAY_SECONDS = float(os.environ.get("GPUPLANE_FAULT_PASS_DELAY_SECONDS") or 0)
 #: Every change of a mirrored object queues a full pass (turned off in unit tests that
 #: drive passes by hand).
 GPUPLANE_AUTO_PASS = env_bool("GPUPLANE_AUTO_PASS", True)
+#: If set, GET /metrics needs ``Authorization: Bearer <token>`` (else it is open, for
+#: scrapes from inside the cluster).
+GPUPLANE_METRICS_TOKEN = os.environ.get("GPUPLANE_METRICS_TOKEN", "")
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

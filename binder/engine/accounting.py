@@ -9,7 +9,8 @@ from the shared launcher reader; it is never recomputed here by another rule.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+import bisect
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from .launcher import launcher_of, raw_usage
@@ -55,10 +56,18 @@ def effective_limits(budgets: Iterable[Budget], default: DefaultBudget) -> Limit
 class Contribution:
     """What one set (its devices plus its launcher pods) adds to nodes and to its tenant."""
 
-    booked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    booked: dict[tuple[str, str], int] = field(default_factory=dict)
     """(node, resource) -> units."""
-    used: Counter[str] = field(default_factory=Counter)
+    used: dict[str, int] = field(default_factory=dict)
     """key (class name or raw resource) -> units, for the set's tenant."""
+
+
+@dataclass(slots=True)
+class Delta:
+    """A change of contribution; missing keys read as zero."""
+
+    booked: Counter[tuple[str, str]]
+    used: Counter[str]
 
 
 class Ledger:
@@ -84,6 +93,7 @@ class Ledger:
         self.launcher_pods: dict[SetKey, list[tuple[Pod, Vmi]]] = defaultdict(list)
         self._contrib: dict[SetKey, Contribution] = {}
         self._devices: dict[SetKey, tuple[Device, ...]] = {}
+        self._indexed = False
 
         def find_vmi(namespace: str, name: str) -> Vmi | None:
             return vmis.get((namespace, name))
@@ -101,6 +111,13 @@ class Ledger:
         set_keys = set(sets) | set(self.launcher_pods)
         for key in sorted(set_keys):
             self.commit(key, tuple(sets.get(key, ())))
+        # Nodes bucketed by free units per resource, kept current from here on, so the
+        # binder finds the fullest node with room without scanning every node.
+        self.by_free: dict[str, dict[int, list[str]]] = defaultdict(dict)
+        for name in sorted(nodes):
+            for resource in set(nodes[name].allocatable) | set(self.booked.get(name, ())):
+                self.by_free[resource].setdefault(self.free(name, resource), []).append(name)
+        self._indexed = True
 
     # -- reading -------------------------------------------------------------------------
 
@@ -121,37 +138,50 @@ class Ledger:
     def contribution(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
         """What ``key`` would add if its devices were ``devices``."""
         members = tuple(devices)
-        contrib = Contribution()
+        booked: dict[tuple[str, str], int] = {}
+        used: dict[str, int] = {}
+        classes = self.classes
         for device in members:
-            cls = self.classes.get(device.class_name)
-            if cls is None or not device.held:
+            if device.phase is Phase.PENDING:
                 continue
-            contrib.used[cls.name] += cls.units_per_device
-            contrib.used[cls.resource_name] += cls.units_per_device
+            cls = classes.get(device.class_name)
+            if cls is None:
+                continue
+            units = cls.units_per_device
+            used[cls.name] = used.get(cls.name, 0) + units
+            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
             if device.phase is Phase.BOUND and device.node:
-                contrib.booked[(device.node, cls.resource_name)] += cls.units_per_device
+                slot = (device.node, cls.resource_name)
+                booked[slot] = booked.get(slot, 0) + units
         for pod, vmi in self.launcher_pods.get(key, ()):
-            usage = raw_usage(pod, vmi, members, self.classes)
+            usage = raw_usage(pod, vmi, members, classes)
             for resource, units in usage.budget.items():
-                contrib.used[resource] += units
+                used[resource] = used.get(resource, 0) + units
             for resource, units in usage.capacity.items():
-                contrib.booked[(pod.node, resource)] += units
-        return contrib
+                slot = (pod.node, resource)
+                booked[slot] = booked.get(slot, 0) + units
+        return Contribution(booked=booked, used=used)
 
-    def delta(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
+    def delta(self, key: SetKey, devices: Iterable[Device]) -> Delta:
         """New contribution minus the current one."""
         new = self.contribution(key, devices)
-        old = self._contrib.get(key, Contribution())
-        booked = Counter(new.booked)
-        booked.subtract(old.booked)
-        used = Counter(new.used)
-        used.subtract(old.used)
-        return Contribution(booked=booked, used=used)
+        old = self._contrib.get(key)
+        booked: Counter[tuple[str, str]] = Counter(new.booked)
+        used: Counter[str] = Counter(new.used)
+        if old is not None:
+            booked.subtract(old.booked)
+            used.subtract(old.used)
+        return Delta(booked=booked, used=used)
 
     def commit(self, key: SetKey, devices: tuple[Device, ...]) -> None:
         """Make ``devices`` the current state of set ``key``."""
         namespace = key[0]
         old = self._contrib.get(key)
+        new = self.contribution(key, devices)
+        before = {}
+        if self._indexed:
+            touched = set(new.booked) | (set(old.booked) if old is not None else set())
+            before = {nr: self.free(*nr) for nr in touched}
         if old is not None:
             for (node, resource), units in old.booked.items():
                 self.booked[node][resource] -= units
@@ -159,7 +189,6 @@ class Ledger:
                 self.used[namespace][k] -= units
             for device in self._devices.get(key, ()):
                 self._device_book(device, -1)
-        new = self.contribution(key, devices)
         for (node, resource), units in new.booked.items():
             self.booked[node][resource] += units
         for k, units in new.used.items():
@@ -168,6 +197,27 @@ class Ledger:
             self._device_book(device, +1)
         self._contrib[key] = new
         self._devices[key] = devices
+        for (node, resource), was in before.items():
+            now = self.free(node, resource)
+            if now != was and node in self.nodes:
+                self._rebucket(node, resource, was, now)
+
+    def _rebucket(self, node: str, resource: str, was: int, now: int) -> None:
+        buckets = self.by_free[resource]
+        old_bucket = buckets.get(was)
+        if old_bucket is not None:
+            index = bisect.bisect_left(old_bucket, node)
+            if index < len(old_bucket) and old_bucket[index] == node:
+                del old_bucket[index]
+                if not old_bucket:
+                    del buckets[was]
+        bisect.insort(buckets.setdefault(now, []), node)
+
+    def fullest_with_room(self, resource: str, units: int) -> Iterator[str]:
+        """Nodes with at least ``units`` free of ``resource``: fewest free first, then by name."""
+        buckets = self.by_free.get(resource, {})
+        for free in sorted(f for f in buckets if f >= units):
+            yield from buckets[free]
 
     def _device_book(self, device: Device, sign: int) -> None:
         cls = self.classes.get(device.class_name)

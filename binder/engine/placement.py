@@ -105,7 +105,7 @@ class _Pass:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
-        self._eligible: dict[frozenset[str], list[str]] = {}
+        self._eligible: dict[frozenset[str], frozenset[str]] = {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).
@@ -222,36 +222,50 @@ class _Pass:
         special = {d.node for d in self.members(key) if d.phase is Phase.BOUND}
         special |= {p.node for p, _ in self.ledger.launcher_pods.get(key, ())}
         prefer = prefer or Counter()
-        free = self.ledger.free
+        eligible = self.eligible_nodes(moving)
         best: tuple[int, int, str] | None = None
-        for name in self.eligible_nodes(moving):
-            if name in skip:
-                continue
-            left: int | None
-            if name in special:
-                left = self.fit(key, placed_on(name), name)
-            else:
-                left = 0
+
+        def consider(name: str, left: int | None) -> None:
+            nonlocal best
+            if left is None:
+                return
+            rank = (-prefer[name], left, name)
+            if best is None or rank < best:
+                best = rank
+
+        for name in sorted(special):
+            if name in eligible and name not in skip:
+                consider(name, self.fit(key, placed_on(name), name))
+        if len(need) == 1:
+            # One resource: the fullest node with room is the first eligible node in the
+            # free-units index (fewest free first, then by name).
+            ((resource, units),) = need.items()
+            for name in self.ledger.fullest_with_room(resource, units):
+                if name in eligible and name not in skip and name not in special:
+                    consider(name, self.ledger.free(name, resource) - units)
+                    break
+        else:
+            free = self.ledger.free
+            for name in sorted(eligible):
+                if name in skip or name in special:
+                    continue
+                left: int | None = 0
                 for resource, units in need.items():
                     after = free(name, resource) - units
                     if after < 0:
                         left = None
                         break
-                    left += after
-            if left is None:
-                continue
-            rank = (-prefer[name], left, name)
-            if best is None or rank < best:
-                best = rank
+                    left = (left or 0) + after
+                consider(name, left)
         return best[2] if best else None
 
-    def eligible_nodes(self, devices: Sequence[Device]) -> list[str]:
-        """Nodes that may take new units of ``devices``' classes, sorted (cached per pass:
+    def eligible_nodes(self, devices: Sequence[Device]) -> frozenset[str]:
+        """Nodes that may take new units of ``devices``' classes (cached per pass:
         readiness, cordons and labels do not change within a pass)."""
         classes = frozenset(d.class_name for d in devices)
         cached = self._eligible.get(classes)
         if cached is None:
-            cached = [name for name in self.node_names if not self.cannot_take(name, devices)]
+            cached = frozenset(name for name in self.node_names if not self.cannot_take(name, devices))
             self._eligible[classes] = cached
         return cached
 
@@ -278,6 +292,8 @@ class _Pass:
     # -- changing ------------------------------------------------------------------------
 
     def _moved(self, device: Device, phase: Phase, node: str, reason: str) -> Device:
+        if (device.phase, device.node, device.reason) == (phase, node, reason):
+            return device
         changed = (device.phase, device.node) != (phase, node)
         return dataclasses.replace(
             device,
@@ -293,7 +309,10 @@ class _Pass:
     def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
         """Set ``reason`` on the named members without moving anything."""
         chosen = set(names)
-        self.apply(key, (dataclasses.replace(d, reason=reason) if d.name in chosen else d for d in self.members(key)))
+        members = self.members(key)
+        if all(d.reason == reason for d in members if d.name in chosen):
+            return
+        self.apply(key, (dataclasses.replace(d, reason=reason) if d.name in chosen else d for d in members))
 
     @staticmethod
     def _bound_on(devices: Iterable[Device], node: str, names: set[str]) -> tuple[Device, ...]:
@@ -617,8 +636,11 @@ class _Pass:
         for key in self.set_keys():
             for device in self.members(key):
                 before = self.original[device.key]
+                if device is before:
+                    continue
                 if (before.phase, before.node) == (device.phase, device.node):
-                    device = dataclasses.replace(device, since=before.since)
+                    if device.since != before.since:
+                        device = dataclasses.replace(device, since=before.since)
                 else:
                     changes.append(
                         Change(

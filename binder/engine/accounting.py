@@ -8,8 +8,8 @@ from the shared launcher reader; it is never recomputed here by another rule.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 import bisect
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 

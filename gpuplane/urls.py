@@ -5,6 +5,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
+from binder.metrics import metrics_view
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness for probes and for ``make demo`` to know the server is up."""
@@ -18,5 +20,6 @@ admin.site.index_title = "GPU placement, budgets and usage"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
 ]

@@ -1,0 +1,306 @@
+"""``GET /metrics``: Prometheus metrics of the binder, derived from the database at scrape time.
+
+Why not prometheus_client's ``Counter`` and ``Histogram`` objects: passes run in Celery
+worker processes, often on other hosts, and the web runs several gunicorn processes,
+so counters kept in process memory would each hold only the part their own process
+saw (a web process sees at most the passes it ran itself). The database is the truth:
+every pass leaves a ``PassRun`` row, every answered bind request a ``BindAnswer`` row,
+every device its phase. So each scrape asks the database, through one custom collector:
+
+- counters are SUMs over ``PassRun`` / ``BindAnswer`` rows (monotonic while rows are kept;
+  deleting old rows looks like a counter reset to Prometheus, which ``rate()`` handles);
+- histograms are bucket counts computed in SQL, one aggregate query per histogram with
+  a conditional count per bucket (no Python loop over rows);
+- gauges are COUNT queries.
+
+Every web process answers the same numbers, whichever one is scraped. A scrape runs five
+queries, plus one Redis round trip for the queue length when the broker is Redis.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from . import models
+from .engine.types import Outcome
+from .tasks import BINDER_QUEUE, COLLAPSE_KEY
+
+log = logging.getLogger(__name__)
+
+#: Pass duration buckets, in milliseconds (exported in seconds): 5 ms ... 30 s.
+PASS_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000)
+#: Bind answer latency buckets, in milliseconds: 5 ms ... 10 s (8 s is the default
+#: GPUPLANE_BIND_WAIT_SECONDS, 10 s the webhook timeout).
+ANSWER_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 8000, 10000)
+
+#: Redis must answer a scrape quickly or not at all.
+REDIS_TIMEOUT_SECONDS = 1.0
+
+PHASES = tuple(models.Phase.values)
+KINDS = tuple(models.PassKind.values)
+OUTCOMES = tuple(o.value for o in Outcome)
+
+
+def _le(ms: float) -> str:
+    return floatToGoString(ms / 1000)
+
+
+def _buckets(row: Mapping[str, Any], bounds_ms: Sequence[int]) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs from a row annotated with ``le_<i>`` and ``observed``."""
+    pairs: list[tuple[str, float]] = [(_le(ms), row[f"le_{i}"]) for i, ms in enumerate(bounds_ms)]
+    pairs.append(("+Inf", row["observed"]))
+    return pairs
+
+
+def _bucket_counts(field: str, bounds_ms: Sequence[int]) -> dict[str, Any]:
+    """Aggregates for one histogram: a conditional count per bucket, the count and the sum."""
+    counts: dict[str, Any] = {
+        f"le_{i}": Count("id", filter=Q(**{f"{field}__lte": ms})) for i, ms in enumerate(bounds_ms)
+    }
+    counts["observed"] = Count(field)  # COUNT(column) skips NULLs: rows with no value are not observed
+    counts["observed_sum"] = Sum(field)
+    return counts
+
+
+def _empty_histogram_row(bounds_ms: Sequence[int]) -> dict[str, Any]:
+    return {**{f"le_{i}": 0 for i in range(len(bounds_ms))}, "observed": 0, "observed_sum": None}
+
+
+class DatabaseCollector(Collector):
+    """Every gpuplane metric, read from the database (and the broker) when scraped."""
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self.pass_metrics()
+        yield from self.answer_metrics()
+        yield from self.device_metrics()
+        yield from queue_metrics()
+
+    def pass_metrics(self) -> Iterator[Metric]:
+        """Passes, their set outcomes and their duration: one GROUP BY kind query."""
+        rows = {
+            row["kind"]: row
+            for row in models.PassRun.objects.order_by()
+            .values("kind")
+            .annotate(
+                passes=Count("id"),
+                **{f"sum_{o}": Sum(o) for o in OUTCOMES},
+                **_bucket_counts("duration_ms", PASS_BUCKETS_MS),
+            )
+        }
+        passes = CounterMetricFamily(
+            "gpuplane_passes", "Binder passes run (committed), by kind (full or answer).", labels=["kind"]
+        )
+        outcomes = CounterMetricFamily(
+            "gpuplane_pass_outcomes",
+            "Sets handled by binder passes, by pass kind and outcome: bound, moved, lost, restored; "
+            "refused counts each set a pass left unplaced (Pending or Lost), again in every pass that leaves it.",
+            labels=["kind", "outcome"],
+        )
+        duration = HistogramMetricFamily(
+            "gpuplane_pass_duration_seconds",
+            "How long binder passes took (lock wait, read, decide and write), by kind.",
+            labels=["kind"],
+        )
+        for kind in sorted(set(KINDS) | set(rows)):
+            row = rows.get(kind) or {"passes": 0, **_empty_histogram_row(PASS_BUCKETS_MS)}
+            passes.add_metric([kind], row["passes"])
+            for outcome in OUTCOMES:
+                outcomes.add_metric([kind, outcome], row.get(f"sum_{outcome}") or 0)
+            duration.add_metric([kind], _buckets(row, PASS_BUCKETS_MS), (row["observed_sum"] or 0) / 1000)
+        yield passes
+        yield outcomes
+        yield duration
+
+    def answer_metrics(self) -> Iterator[Metric]:
+        """Answered bind requests and how long the webhook waited: one GROUP BY allowed query."""
+        rows = {
+            row["allowed"]: row
+            for row in models.BindAnswer.objects.order_by()
+            .values("allowed")
+            .annotate(answers=Count("id"), **_bucket_counts("latency_ms", ANSWER_BUCKETS_MS))
+        }
+        answers = CounterMetricFamily(
+            "gpuplane_bind_answers",
+            "Bind requests the binder answered, by whether it allowed the VMI (true) or refused it (false).",
+            labels=["allowed"],
+        )
+        latency = HistogramMetricFamily(
+            "gpuplane_bind_answer_latency_seconds",
+            "From the webhook writing a bind request to the binder answering it, by allowed; "
+            "answers whose request time is unknown are not observed.",
+            labels=["allowed"],
+        )
+        for allowed in (False, True):
+            row = rows.get(allowed) or {"answers": 0, **_empty_histogram_row(ANSWER_BUCKETS_MS)}
+            label = "true" if allowed else "false"
+            answers.add_metric([label], row["answers"])
+            latency.add_metric([label], _buckets(row, ANSWER_BUCKETS_MS), (row["observed_sum"] or 0) / 1000)
+        yield answers
+        yield latency
+
+    def device_metrics(self) -> Iterator[Metric]:
+        """Devices by phase and class, and Lost sets: three COUNT queries."""
+        counts = {
+            (row["phase"], row["class_name"]): row["n"]
+            for row in models.GpuDevice.objects.order_by().values("phase", "class_name").annotate(n=Count("id"))
+        }
+        classes = set(models.GpuClass.objects.order_by().values_list("name", flat=True)) | {c for _, c in counts}
+        lost_sets = (
+            models.GpuDevice.objects.order_by()
+            .filter(phase=models.Phase.LOST)
+            .values("namespace_id", "vm_name")
+            .distinct()
+            .count()
+        )
+        phases = sorted(set(PHASES) | {p for p, _ in counts})
+        by_phase = GaugeMetricFamily("gpuplane_devices", "GPU devices by phase.", labels=["phase"])
+        for phase in phases:
+            by_phase.add_metric([phase], sum(n for (p, _), n in counts.items() if p == phase))
+        by_class = GaugeMetricFamily(
+            "gpuplane_class_devices",
+            "GPU devices by class and phase (classes that do not exist included, as devices name them).",
+            labels=["class", "phase"],
+        )
+        for name in sorted(classes):
+            for phase in phases:
+                by_class.add_metric([name, phase], counts.get((phase, name), 0))
+        yield by_phase
+        yield by_class
+        yield GaugeMetricFamily(
+            "gpuplane_lost_sets", "Sets (namespace, VM) with at least one Lost device.", value=lost_sets
+        )
+
+
+# -- the broker ---------------------------------------------------------------------------------
+
+_clients: dict[str, Any] = {}
+
+
+def redis_url(broker_url: str | None) -> str | None:
+    """The redis-py URL of a Redis broker URL (the first of a failover list), else None."""
+    if not broker_url:
+        return None
+    first = broker_url.split(";")[0].strip()
+    scheme = urlsplit(first).scheme.lower()
+    if scheme in ("redis", "rediss", "unix"):
+        return first
+    if scheme == "redis+socket":
+        return "unix" + first[len("redis+socket") :]
+    return None
+
+
+def queue_keys(queue: str, transport_options: Mapping[str, Any]) -> list[str]:
+    """The Redis lists kombu's Redis transport keeps ``queue`` in, one per priority step.
+
+    kombu (``kombu.transport.redis.Channel._q_for_pri``) stores priority step 0 in the
+    list named after the queue and every other step ``s`` in ``<queue><sep><s>``; its
+    defaults are ``sep = "\\x06\\x16"`` and steps ``[0, 3, 6, 9]``, the project's transport
+    options (settings.CELERY_BROKER_TRANSPORT_OPTIONS) make them ``":"`` and ``[0, 9]``:
+    lists ``binder`` and ``binder:9``. ``global_keyprefix`` prefixes every key.
+    """
+    from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+    steps = transport_options.get("priority_steps") or PRIORITY_STEPS
+    sep = transport_options.get("sep") or Channel.sep
+    prefix = transport_options.get("global_keyprefix") or ""
+    names = [f"{queue}{sep}{step}" if step else queue for step in steps]
+    return [prefix + name for name in dict.fromkeys(names)]
+
+
+def _redis_client(url: str) -> Any:
+    client = _clients.get(url)
+    if client is None:
+        client = redis.Redis.from_url(
+            url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS
+        )
+        _clients[url] = client
+    return client
+
+
+def queue_metrics() -> Iterator[Metric]:
+    """Passes waiting in the broker and the collapse flags (binder.tasks.COLLAPSE_KEY).
+
+    No broker (tasks run in-process): nothing can wait, all are 0. A Redis broker: the
+    lengths of the binder queue's lists and whether each kind's collapse key exists, in
+    one round trip; if Redis does not answer, ``gpuplane_broker_up`` is 0 and the queue
+    metrics are left out rather than reported as 0. Any other broker: left out.
+    """
+    queued = GaugeMetricFamily(
+        "gpuplane_queued_passes", "Binder passes waiting in the broker's binder queue (all priorities)."
+    )
+    flags = GaugeMetricFamily(
+        "gpuplane_pass_queued",
+        "1 while a pass of this kind is queued (its collapse key "
+        + COLLAPSE_KEY.format(kind="<kind>")
+        + " exists in Redis): more events queue nothing more.",
+        labels=["kind"],
+    )
+    broker_url = getattr(settings, "CELERY_BROKER_URL", None)
+    if not broker_url or getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+        queued.add_metric([], 0)
+        for kind in KINDS:
+            flags.add_metric([kind], 0)
+        yield queued
+        yield flags
+        return
+    url = redis_url(broker_url)
+    if url is None:
+        return
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+    keys = queue_keys(BINDER_QUEUE, options)
+    up = GaugeMetricFamily("gpuplane_broker_up", "1 if the Redis broker answered this scrape, else 0.")
+    try:
+        with _redis_client(url).pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            for kind in KINDS:
+                pipe.exists(COLLAPSE_KEY.format(kind=kind))
+            replies = pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        log.warning("metrics: cannot read the binder queue from the broker: %s", exc)
+        up.add_metric([], 0)
+        yield up
+        return
+    up.add_metric([], 1)
+    queued.add_metric([], sum(int(n) for n in replies[: len(keys)]))
+    for kind, exists in zip(KINDS, replies[len(keys) :], strict=True):
+        flags.add_metric([kind], 1 if exists else 0)
+    yield up
+    yield queued
+    yield flags
+
+
+#: The registry /metrics serves: only the database collector (a process's own metrics
+#: would describe whichever gunicorn process happened to answer).
+REGISTRY = CollectorRegistry(auto_describe=False)
+REGISTRY.register(DatabaseCollector())
+
+
+def _authorized(request: HttpRequest, token: str) -> bool:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format; with GPUPLANE_METRICS_TOKEN set, only for ``Bearer <token>``."""
+    token = getattr(settings, "GPUPLANE_METRICS_TOKEN", "")
+    if token and not _authorized(request, token):
+        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="gpuplane metrics"'
+        return response
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

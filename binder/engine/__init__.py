@@ -7,7 +7,7 @@ the webhook, the catalog and the usage records.
 
 from .accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
 from .launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
-from .placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, full_pass
+from .placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
 from .types import (
     Budget,
     Change,
@@ -46,6 +46,7 @@ __all__ = [
     "Settings",
     "Vmi",
     "answer_pass",
+    "budget_refusal",
     "effective_limits",
     "full_pass",
     "is_launcher",

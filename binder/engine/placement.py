@@ -73,6 +73,31 @@ def answer_pass(cluster: Cluster) -> PassResult:
     return run.result(with_status=False)
 
 
+def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
+    """Why making ``candidate`` the devices of set ``key`` would push its tenant over a
+    budget, or None.
+
+    A module function (not only a pass method) so the admission webhook's advisory check
+    gives the very sentence the binder would: same ledger, same limits, same words.
+    """
+    namespace = key[0]
+    delta = ledger.delta(key, candidate)
+    for budget_key in sorted(delta.used):
+        more = delta.used[budget_key]
+        if more <= 0:
+            continue
+        limit = limits.limit(budget_key)
+        used = ledger.used[namespace][budget_key]
+        if limit is not None and used + more > limit:
+            kind = "raw" if is_raw_key(budget_key) else "class"
+            source = "default budget (deny)" if limits.deny_rest else "budget"
+            return (
+                f"over budget: {kind} key {budget_key} has limit {limit} in the {source}, "
+                f"{used} used, and this set needs {more} more"
+            )
+    return None
+
+
 def describe_units(units: Counter[str]) -> str:
     """``2 x nvidia.com/A, 1 x nvidia.com/B``."""
     return ", ".join(f"{n} x {r}" for r, n in sorted(units.items()) if n)
@@ -271,23 +296,7 @@ class _Pass:
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
         """Why making ``candidate`` current would push the tenant over a budget, or None."""
-        namespace = key[0]
-        limits = self.limits(namespace)
-        delta = self.ledger.delta(key, candidate)
-        for budget_key in sorted(delta.used):
-            more = delta.used[budget_key]
-            if more <= 0:
-                continue
-            limit = limits.limit(budget_key)
-            used = self.ledger.used[namespace][budget_key]
-            if limit is not None and used + more > limit:
-                kind = "raw" if is_raw_key(budget_key) else "class"
-                source = "default budget (deny)" if limits.deny_rest else "budget"
-                return (
-                    f"over budget: {kind} key {budget_key} has limit {limit} in the {source}, "
-                    f"{used} used, and this set needs {more} more"
-                )
-        return None
+        return budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
 
     # -- changing ------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import models
 from .engine.types import Outcome
-from .tasks import BINDER_QUEUE, COLLAPSE_KEY
+from .tasks import BINDER_QUEUE, COLLAPSE_KEY, collapse_key
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def queue_metrics() -> Iterator[Metric]:
             for key in keys:
                 pipe.llen(key)
             for kind in KINDS:
-                pipe.exists(COLLAPSE_KEY.format(kind=kind))
+                pipe.exists(collapse_key(kind))
             replies = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         log.warning("metrics: cannot read the binder queue from the broker: %s", exc)

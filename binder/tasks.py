@@ -38,6 +38,12 @@ COLLAPSE_KEY = "gpuplane:{kind}-pass-queued"
 COLLAPSE_TTL = 300
 
 
+def collapse_key(kind: str) -> str:
+    """The collapse flag of ``kind``, under the broker's key prefix like the queue itself."""
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS or {}
+    return str(options.get("global_keyprefix") or "") + COLLAPSE_KEY.format(kind=kind)
+
+
 @cache
 def _redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
@@ -57,7 +63,7 @@ def _claim(kind: str) -> bool:
     if client is None:
         return True
     try:
-        return bool(client.set(COLLAPSE_KEY.format(kind=kind), "1", nx=True, ex=COLLAPSE_TTL))
+        return bool(client.set(collapse_key(kind), "1", nx=True, ex=COLLAPSE_TTL))
     except redis.RedisError:
         log.warning("collapse key unavailable; publishing the %s pass anyway", kind, exc_info=True)
         return True
@@ -69,7 +75,7 @@ def _release(kind: str) -> None:
     if client is None:
         return
     try:
-        client.delete(COLLAPSE_KEY.format(kind=kind))
+        client.delete(collapse_key(kind))
     except redis.RedisError:
         log.warning("could not clear the %s collapse key; it expires in %ss", kind, COLLAPSE_TTL, exc_info=True)
 

@@ -7,6 +7,7 @@ file under ``var/`` with tasks in-process. Production sets ``DATABASE_URL``,
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from pathlib import Path
@@ -40,6 +41,19 @@ def env_int(name: str, default: int, minimum: int = 0) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number of at least {minimum}")
     return value
 
 
@@ -160,11 +174,15 @@ CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_DEFAULT_QUEUE = "binder"
 CELERY_TASK_ROUTES = {"binder.*": {"queue": "binder"}}
+#: Prefix of every Redis key of the queue and of the collapse flags: lets several installs
+#: (or test runs) share one Redis.
+GPUPLANE_BROKER_KEY_PREFIX = os.environ.get("GPUPLANE_BROKER_KEY_PREFIX", "")
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": [0, 9],
     "sep": ":",
     "queue_order_strategy": "priority",
     "visibility_timeout": 3600,
+    "global_keyprefix": GPUPLANE_BROKER_KEY_PREFIX,
 }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -182,7 +200,9 @@ CELERY_BEAT_SCHEDULE = {
 # -- gpuplane (SPEC §9) --------------------------------------------------------------------
 GPUPLANE_CLUSTER = env_choice("GPUPLANE_CLUSTER", "standalone", ("standalone", "kubernetes"))
 GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
-GPUPLANE_BIND_WAIT_SECONDS = env_int("GPUPLANE_BIND_WAIT_SECONDS", 8, minimum=1)
+#: How long the VMI webhook waits for the binder's answer (seconds, fractions allowed;
+#: keep it below the webhook's timeoutSeconds, 10 by default).
+GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every

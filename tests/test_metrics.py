@@ -17,7 +17,7 @@ from binder import models
 from binder.metrics import queue_keys, redis_url
 from binder.passes import run_pass
 from binder.snapshot import load_objects
-from binder.tasks import COLLAPSE_KEY, PRIORITY
+from binder.tasks import PRIORITY, collapse_key
 from tests.shapes import A10, H100, class_obj, gpu_obj, node_obj
 
 pytestmark = pytest.mark.django_db
@@ -322,7 +322,7 @@ def test_redis_url() -> None:
 
 
 def collapse_keys() -> list[str]:
-    return [COLLAPSE_KEY.format(kind=kind) for kind in ("full", "answer")]
+    return [collapse_key(kind) for kind in ("full", "answer")]
 
 
 @pytest.fixture
@@ -367,7 +367,7 @@ def test_queued_passes_are_read_from_the_redis_broker(client: Client, broker: tu
         queue.close()
     lists = redis.Redis.from_url(url)
     assert sum(lists.llen(key) for key in kombu_keys("binder", options)) == 3
-    lists.set(COLLAPSE_KEY.format(kind="full"), "1")
+    lists.set(collapse_key("full"), "1")  # under the prefix, like the queue lists
     samples = scrape(client)
     assert value(samples, "gpuplane_queued_passes") == 3
     assert value(samples, "gpuplane_pass_queued", kind="full") == 1

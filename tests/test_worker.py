@@ -27,11 +27,13 @@ from django.db import connection, transaction
 from binder import models
 from binder.locking import ADVISORY_KEY
 from binder.snapshot import load_objects
-from binder.tasks import COLLAPSE_KEY, queue_answer_pass, queue_full_pass
+from binder.tasks import collapse_key, queue_answer_pass, queue_full_pass
 from gpuplane.celery import app as celery_app
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 
 REDIS_URL = os.environ.get("GPUPLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+#: Every key of this run under its own prefix: parallel runs on one Redis stay apart.
+PREFIX = f"gpuplane-test-{os.getpid()}:"
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,17 +50,24 @@ def broker(settings: Any) -> Iterator[redis.Redis]:
     """Point this process's Celery at the test Redis, flushed; restore afterwards."""
     client = redis.Redis.from_url(REDIS_URL)
     client.ping()  # no Redis is a failure here, not a skip
-    client.flushdb()
+    _forget(client)
+    options = {**django_settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": PREFIX}
     settings.CELERY_BROKER_URL = REDIS_URL
     settings.CELERY_TASK_ALWAYS_EAGER = False
-    saved = (celery_app.conf.broker_url, celery_app.conf.task_always_eager)
-    celery_app.conf.broker_url = REDIS_URL
-    celery_app.conf.task_always_eager = False
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = options
+    conf = celery_app.conf
+    saved = (conf.broker_url, conf.task_always_eager, conf.broker_transport_options)
+    conf.broker_url, conf.task_always_eager, conf.broker_transport_options = REDIS_URL, False, options
     _reset_producer_pool()
     yield client
-    celery_app.conf.broker_url, celery_app.conf.task_always_eager = saved
+    conf.broker_url, conf.task_always_eager, conf.broker_transport_options = saved
     _reset_producer_pool()
-    client.flushdb()
+    _forget(client)
+
+
+def _forget(client: redis.Redis) -> None:
+    for key in client.scan_iter(match=PREFIX + "*"):
+        client.delete(key)
 
 
 def _reset_producer_pool() -> None:
@@ -84,6 +93,7 @@ class Worker:
             "GPUPLANE_FAULT_PASS_DELAY_SECONDS": str(delay),
             "GPUPLANE_VAR_DIR": str(log.parent),
             "GPUPLANE_AUTO_PASS": "false",
+            "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
         }
         self.log = log
         self.handle = log.open("w")
@@ -150,7 +160,7 @@ def _idle(client: redis.Redis, timeout: float = 30) -> None:
     while time.monotonic() < deadline:
         # Not the "unacked" hash: a killed worker's message stays there until the
         # visibility timeout. A fetched message starts its pass within the quiet period.
-        busy = sum(client.llen(k) for k in (b"binder", b"binder:9")) or _pass_running()
+        busy = sum(client.llen(PREFIX + k) for k in ("binder", "binder:9")) or _pass_running()
         if busy:
             quiet_since = None
         elif quiet_since is None:
@@ -270,11 +280,11 @@ def test_a_worker_killed_mid_pass_leaves_nothing_half_written(
 def test_collapse_key_is_cleared_when_the_pass_starts(start_worker: Callable[..., Worker], broker: redis.Redis) -> None:
     _cluster(orders=1)
     _event()
-    assert broker.exists(COLLAPSE_KEY.format(kind="full"))  # queued, no worker yet
+    assert broker.exists(collapse_key("full"))  # queued, no worker yet
     _event()
-    assert broker.llen("binder:9") == 1  # the second event added nothing
+    assert broker.llen(PREFIX + "binder:9") == 1  # the second event added nothing
     start_worker()
     _idle(broker)
-    assert not broker.exists(COLLAPSE_KEY.format(kind="full"))
+    assert not broker.exists(collapse_key("full"))
     assert [r.kind for r in _runs()] == ["full"]
     assert django_settings.CELERY_BROKER_URL == REDIS_URL

@@ -58,7 +58,8 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()
-        pass
+        if result.answered:
+            notify_answers(run.pk)
     log.info(
         "%s pass %s: %d devices, %d written, bound=%d moved=%d lost=%d refused=%d restored=%d in %.1f ms",
         kind,

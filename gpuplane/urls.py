@@ -6,6 +6,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
 from binder.metrics import metrics_view
+from webhooks.views import VmiAdmissionView
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -22,4 +23,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("webhooks/vmi", VmiAdmissionView.as_view(), name="webhook-vmi"),
 ]

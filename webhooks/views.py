@@ -1,0 +1,250 @@
+"""``POST /webhooks/vmi``: the VMI admission webhook's HTTP side (SPEC §5).
+
+The decision itself is pure (``webhooks.admission``); this view only parses, reads the
+mirror slice the decision needs, and, when the set is not placed yet, asks the binder:
+
+1. write a new bind request id on every device of the set (one transaction, only the
+   ``bind_request`` columns, which belong to the webhook) and queue an answer pass at
+   commit (``binder.tasks.queue_answer_pass``; in the embedded default it runs in
+   process at commit, so the answer is already there when the commit returns);
+2. wait up to ``GPUPLANE_BIND_WAIT_SECONDS`` until every device's ``answered_request``
+   is that id. The database is the truth; on PostgreSQL a ``LISTEN gpuplane_answers``
+   connection (the pass sends ``NOTIFY`` at commit when it answered something) says
+   when to look again, instead of Celery's 0.5 s result polling; elsewhere it polls
+   every 50 ms.
+
+The kube-apiserver authenticates the webhook by TLS (added with the serving
+certificate), so there is no DRF authentication here, and CSRF does not apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from rest_framework.exceptions import APIException
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from binder import models, tasks
+from binder.mirror import engine_settings, read_rows
+from binder.passes import ANSWERS_CHANNEL
+
+from .admission import (
+    Action,
+    MirrorView,
+    Review,
+    ReviewError,
+    Verdict,
+    conclude,
+    decide,
+    error_body,
+    parse_review,
+    response,
+    timed_out,
+)
+
+log = logging.getLogger(__name__)
+
+#: Polling interval where there is no notification (SQLite, or LISTEN unavailable).
+POLL_SECONDS = 0.05
+#: With LISTEN, the database is still re-read this often in case a notification is lost
+#: (e.g. the listening connection broke); notifications normally wake the wait at once.
+RECHECK_SECONDS = 1.0
+
+
+def mirror_view(namespace: str) -> MirrorView:
+    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads."""
+    scope = [namespace]
+    engine = engine_settings()
+    return MirrorView(
+        namespace=namespace,
+        enabled=engine.enabled,
+        devices=tuple(read_rows("GPU", scope)),
+        classes=tuple(read_rows("GPUClass")),
+        budgets=tuple(read_rows("GPUBudget", scope)),
+        pods=tuple(read_rows("Pod", scope)),
+        vmis=tuple(read_rows("VirtualMachineInstance", scope)),
+        default_budget=engine.default_budget,
+    )
+
+
+class _AlwaysJson(DefaultContentNegotiation):
+    """Answer JSON whatever the Accept header says: the caller is the kube-apiserver, and a
+    406 would count as a failed call (and fall under failurePolicy)."""
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+class _SetChanged(Exception):
+    """The set's rows changed between the decision and the bind-request write."""
+
+
+class VmiAdmissionView(APIView):
+    """AdmissionReview v1 in, AdmissionReview v1 out (HTTP 400 with a JSON error if malformed)."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    parser_classes = [JSONParser]
+    #: JSON whatever the Accept header says (no browsable-API HTML for a machine caller).
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _AlwaysJson
+    #: Not part of the REST API's OpenAPI schema: only the kube-apiserver calls it.
+    schema = None
+
+    def post(self, request: Request) -> Response:
+        started = time.monotonic()
+        try:
+            body = request.data
+        except (APIException, RecursionError, ValueError) as exc:
+            # A parse error, an unsupported media type or a body nested too deep for the
+            # JSON decoder: the caller's fault, always a 400 with a JSON body.
+            detail = getattr(exc, "detail", None) or "the body is not valid JSON"
+            return Response({"error": str(detail), "field": "(body)"}, status=400)
+        try:
+            review = parse_review(body)
+        except ReviewError as exc:
+            return Response(error_body(exc), status=400)
+        view = mirror_view(review.namespace) if review.needs_mirror else MirrorView(namespace=review.namespace)
+        verdict = decide(review, view)
+        if verdict.action is Action.BIND:
+            verdict = bind_and_wait(review, view, verdict, started)
+        return Response(response(verdict))
+
+
+def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: float) -> Verdict:
+    """Write the bind requests, queue an answer pass and wait for its answers.
+
+    The wait counts from the request's arrival (``started``), so the whole call stays
+    within ``GPUPLANE_BIND_WAIT_SECONDS`` plus a final read, below the webhook timeout.
+    Every device of the set gets the same new request id: a pass answers a set as a
+    whole, and an answer to an earlier request (a retried call) is not taken for ours.
+    """
+    wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS)
+    deadline = started + wait
+    request_id = uuid.uuid4().hex
+    names = verdict.bind
+    with _listener() as listener:
+        committed = False
+
+        def mark_committed() -> None:
+            nonlocal committed
+            committed = True
+
+        try:
+            with transaction.atomic():
+                written = models.GpuDevice.objects.filter(
+                    namespace__name=review.namespace, vm_name=review.name, name__in=names
+                ).update(bind_request=request_id, bind_requested_at=timezone.now())
+                if written != len(names):
+                    raise _SetChanged
+                transaction.on_commit(mark_committed)
+                tasks.queue_answer_pass()
+        except _SetChanged:
+            return _changed(review)
+        except Exception:
+            if not committed:
+                raise
+            # The requests are written; running (embedded) or publishing the answer pass
+            # failed. The next full pass answers them; this call cannot wait for that.
+            log.exception("answer pass for %s/%s failed", review.namespace, review.name)
+            return Verdict(
+                Action.DENY,
+                review.uid,
+                message=f"VMI {review.namespace}/{review.name}: the binder could not run an answer pass; try again",
+            )
+        while True:
+            answers = _answers(review, names, request_id)
+            if isinstance(answers, Verdict):
+                return answers
+            if answers is not None:
+                return conclude(review, view, answers)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return timed_out(review, wait)
+            if listener is not None:
+                _wait_for_notification(listener, min(remaining, RECHECK_SECONDS))
+            else:
+                time.sleep(min(remaining, POLL_SECONDS))
+
+
+def _changed(review: Review) -> Verdict:
+    return Verdict(
+        Action.DENY,
+        review.uid,
+        message=f"VMI {review.namespace}/{review.name}: its set of GPU devices changed while it was checked; try again",
+    )
+
+
+def _answers(review: Review, names: tuple[str, ...], request_id: str) -> dict[str, str] | Verdict | None:
+    """The answers when every device answered ``request_id``; None while some have not.
+
+    A device deleted meanwhile ends the wait with a denial (it will never answer).
+    """
+    rows = {
+        name: (answered, answer)
+        for name, answered, answer in models.GpuDevice.objects.filter(
+            namespace__name=review.namespace, name__in=names
+        ).values_list("name", "answered_request", "answer")
+    }
+    gone = sorted(set(names) - set(rows))
+    if gone:
+        return Verdict(
+            Action.DENY,
+            review.uid,
+            message=f"VMI {review.namespace}/{review.name}: device gpuplane.io/{gone[0]} was deleted; try again",
+        )
+    if any(answered != request_id for answered, _ in rows.values()):
+        return None
+    return {name: answer for name, (_, answer) in rows.items()}
+
+
+@contextlib.contextmanager
+def _listener() -> Iterator[psycopg.Connection[Any] | None]:
+    """A dedicated autocommit connection listening on the answers channel (PostgreSQL only).
+
+    Opened before the bind requests are written and checked against the database after
+    every wake-up, so an answer committed at any moment is either seen by a read or
+    announced by a notification. Without it (SQLite, or the connection failed) the
+    caller polls.
+    """
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    try:
+        params = connection.get_connection_params()
+        params.setdefault("connect_timeout", 2)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
+    except psycopg.Error:
+        log.warning("LISTEN %s failed; polling for bind answers", ANSWERS_CHANNEL, exc_info=True)
+        yield None
+        return
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _wait_for_notification(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Return at the first notification on the channel, or after ``timeout`` seconds."""
+    try:
+        for _ in conn.notifies(timeout=timeout, stop_after=1):
+            break
+    except psycopg.Error:
+        log.warning("LISTEN connection failed; polling for bind answers", exc_info=True)
+        time.sleep(min(timeout, POLL_SECONDS))

@@ -39,5 +39,16 @@ lint: $(VENV)/.dev
 
 check: lint test test-postgres
 
+## serve-tls: serve over HTTPS with gunicorn (deploy/gunicorn.conf.py) on $(TLS_BIND), with a
+## development certificate from `manage.py webhook_cert --local` in $(TLS_DIR) (made if missing)
+TLS_DIR ?= var/tls
+TLS_BIND ?= 127.0.0.1:8443
+.PHONY: serve-tls
+serve-tls: $(VENV)/.runtime
+	@test -f $(TLS_DIR)/tls.crt || $(PY) manage.py webhook_cert --local --out $(TLS_DIR)
+	$(PY) manage.py migrate --verbosity 0
+	GPUPLANE_TLS_CERT_FILE=$(TLS_DIR)/tls.crt GPUPLANE_TLS_KEY_FILE=$(TLS_DIR)/tls.key GPUPLANE_BIND=$(TLS_BIND) \
+		$(VENV)/bin/gunicorn -c deploy/gunicorn.conf.py gpuplane.wsgi
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

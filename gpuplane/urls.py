@@ -5,6 +5,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
+from binder.catalog import GpuOptionsView
 from binder.metrics import metrics_view
 from webhooks.views import VmiAdmissionView
 
@@ -23,5 +24,6 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/catalog/gpu-options", GpuOptionsView.as_view(), name="catalog-gpu-options"),
     path("webhooks/vmi", VmiAdmissionView.as_view(), name="webhook-vmi"),
 ]

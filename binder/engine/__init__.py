@@ -6,6 +6,7 @@ the webhook, the catalog and the usage records.
 """
 
 from .accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
+from .catalog import GpuOption, gpu_options
 from .launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
 from .placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
 from .types import (
@@ -35,6 +36,7 @@ __all__ = [
     "DefaultBudget",
     "Device",
     "GpuClass",
+    "GpuOption",
     "Ledger",
     "Limits",
     "Node",
@@ -49,6 +51,7 @@ __all__ = [
     "budget_refusal",
     "effective_limits",
     "full_pass",
+    "gpu_options",
     "is_launcher",
     "launcher_of",
     "ledger_for",

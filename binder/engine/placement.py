@@ -26,6 +26,7 @@ from .types import (
     Cluster,
     Device,
     GpuClass,
+    Node,
     Outcome,
     PassResult,
     Phase,
@@ -98,6 +99,29 @@ def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple
     return None
 
 
+def selector_mismatch(node: Node, classes: Iterable[GpuClass]) -> str | None:
+    """The first class nodeSelector label ``node`` lacks, as a sentence, or None."""
+    for cls in classes:
+        for label, value in sorted(cls.node_selector.items()):
+            if node.labels.get(label) != value:
+                return f"class {cls.name} needs node label {label}={value}"
+    return None
+
+
+def refuses_new(node: Node, classes: Iterable[GpuClass]) -> str | None:
+    """Why ``node`` takes no new devices of ``classes`` now (SPEC §4 step 4), or None.
+
+    The binder places by this rule and the catalog counts free units by it: one copy.
+    """
+    if not node.ready:
+        return "NotReady"
+    if node.unschedulable:
+        return "cordoned"
+    if node.draining:
+        return "draining"
+    return selector_mismatch(node, classes)
+
+
 def describe_units(units: Counter[str]) -> str:
     """``2 x nvidia.com/A, 1 x nvidia.com/B``."""
     return ", ".join(f"{n} x {r}" for r, n in sorted(units.items()) if n)
@@ -158,16 +182,11 @@ class _Pass:
                 total[cls.resource_name] += cls.units_per_device
         return total
 
+    def _classes_of(self, devices: Iterable[Device]) -> list[GpuClass]:
+        return [self.classes[name] for name in sorted({d.class_name for d in devices}) if name in self.classes]
+
     def _selector_mismatch(self, node_name: str, devices: Iterable[Device]) -> str | None:
-        labels = self.nodes[node_name].labels
-        for class_name in sorted({d.class_name for d in devices}):
-            cls = self.classes.get(class_name)
-            if cls is None:
-                continue
-            for label, value in sorted(cls.node_selector.items()):
-                if labels.get(label) != value:
-                    return f"class {cls.name} needs node label {label}={value}"
-        return None
+        return selector_mismatch(self.nodes[node_name], self._classes_of(devices))
 
     def not_ready_past_grace(self, node_name: str) -> bool:
         node = self.nodes[node_name]
@@ -200,13 +219,7 @@ class _Pass:
         node = self.nodes.get(node_name)
         if node is None:
             return "deleted"
-        if not node.ready:
-            return "NotReady"
-        if node.unschedulable:
-            return "cordoned"
-        if node.draining:
-            return "draining"
-        return self._selector_mismatch(node_name, devices)
+        return refuses_new(node, self._classes_of(devices))
 
     # -- choosing a node -----------------------------------------------------------------
 

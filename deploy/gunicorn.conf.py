@@ -1,0 +1,83 @@
+"""gunicorn configuration for gpuplane's web process (the API, the admin and the VMI webhook).
+
+Run it with ``gunicorn -c deploy/gunicorn.conf.py gpuplane.wsgi`` (``make serve-tls``).
+Everything comes from the environment, so one file serves every deployment:
+
+``GPUPLANE_TLS_CERT_FILE`` / ``GPUPLANE_TLS_KEY_FILE``
+    Paths of the serving certificate and key, normally the mounted Secret
+    (``/etc/gpuplane/tls/tls.crt`` and ``tls.key``). With both set gunicorn serves HTTPS
+    on 0.0.0.0:8443; with neither, plain HTTP on 0.0.0.0:8000.
+``GPUPLANE_BIND``
+    Overrides the bind address (for tests and local runs, e.g. ``127.0.0.1:9443``).
+``GPUPLANE_WEB_WORKERS`` / ``GPUPLANE_WEB_THREADS``
+    Worker processes (default 2) and threads per worker (default 8).
+
+The kube-apiserver calls admission webhooks over HTTPS only, so in cluster mode
+(``GPUPLANE_CLUSTER=kubernetes``) the server refuses to start without the TLS files
+rather than serve a webhook the apiserver cannot reach (every VMI CREATE would then
+fail under ``failurePolicy: Fail`` with a less obvious error).
+
+Workers are threaded (``gthread``): a webhook call can wait up to
+``GPUPLANE_BIND_WAIT_SECONDS`` (8 s) for the binder's answer, and a synchronous worker
+would hold its whole process for that long. ``timeout`` (the worker heartbeat) stays
+well above the webhook's 10 s ``timeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TLS_PORT = 8443
+PLAIN_PORT = 8000
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RuntimeError(f"{name}={raw!r} is not an integer") from None
+    if value < 1:
+        raise RuntimeError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
+def _tls_files() -> tuple[str, str] | None:
+    cert = os.environ.get("GPUPLANE_TLS_CERT_FILE", "")
+    key = os.environ.get("GPUPLANE_TLS_KEY_FILE", "")
+    if not cert and not key:
+        if (os.environ.get("GPUPLANE_CLUSTER") or "standalone") == "kubernetes":
+            raise RuntimeError(
+                "GPUPLANE_CLUSTER=kubernetes needs TLS: the kube-apiserver calls the VMI webhook over HTTPS only. "
+                "Set GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE (e.g. /etc/gpuplane/tls/tls.crt and "
+                "/etc/gpuplane/tls/tls.key from the mounted Secret; `manage.py webhook_cert` makes a "
+                "development pair)."
+            )
+        return None
+    if not cert or not key:
+        raise RuntimeError("set both GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE, or neither")
+    for name, path in (("GPUPLANE_TLS_CERT_FILE", cert), ("GPUPLANE_TLS_KEY_FILE", key)):
+        if not Path(path).is_file():
+            raise RuntimeError(f"{name}={path!r}: no such file")
+    return cert, key
+
+
+_tls = _tls_files()
+if _tls is not None:
+    certfile, keyfile = _tls
+
+bind = [os.environ.get("GPUPLANE_BIND") or f"0.0.0.0:{TLS_PORT if _tls else PLAIN_PORT}"]  # noqa: S104 (in a pod)
+workers = _positive_int("GPUPLANE_WEB_WORKERS", 2)
+worker_class = "gthread"
+threads = _positive_int("GPUPLANE_WEB_THREADS", 8)
+#: Worker heartbeat timeout: far above the webhook's 10 s timeoutSeconds.
+timeout = 30
+graceful_timeout = 20
+#: The apiserver keeps connections to webhooks open between calls.
+keepalive = 30
+#: No gunicornc control socket: by default it lives at ~/.gunicorn/gunicorn.ctl, which a
+#: non-root pod may not be able to create, and two servers on one host would share it.
+control_socket_disable = True
+accesslog = "-"
+errorlog = "-"

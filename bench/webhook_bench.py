@@ -1,0 +1,468 @@
+"""Benchmark the VMI admission webhook's latency under 50 concurrent clients (issue 4).
+
+Not a test: it prints a markdown table for the README. Against a cluster already in the
+database (``bench/cluster_bench.py`` generates one; this bench never does), it starts the
+real parts as subprocesses: gunicorn serving the webhook (2 workers x 26 threads, plain
+HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
+Redis database 12 under a key prefix of its own. Then it times ``POST /webhooks/vmi``
+calls (AdmissionReviews built from the real fixtures, as ``tests/test_webhook.py`` does)
+for:
+
+* Bound sets: existing sets Bound on one node; the webhook reads the namespace's slice
+  of the mirror and answers with the pinning patch, no binder involved;
+* Pending sets: fresh single-device Pending sets of the class with the most free room,
+  in tenants without a tight budget; each call writes its bind request, queues an answer
+  pass on the worker and waits (LISTEN/NOTIFY) for the answer;
+
+each idle and again while a separate process runs full passes back to back (passes
+serialize on the advisory lock, so this models a busy binder).
+
+    .venv/bin/python bench/webhook_bench.py                       # gpuplane_bench (10k nodes)
+    .venv/bin/python bench/webhook_bench.py --calls 100 --pending 40 \\
+        --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_1k
+
+Everything it inserts (sets named ``whbench-*``) is deleted again and one full pass
+re-settles the class status; the subprocesses are stopped and its Redis keys removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cluster_bench import DEFAULT_URL, database_name, generous_tenants, pct, setup_django
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+PREFIX = "whbench-"  # vm names of every set this bench inserts
+
+
+# -- the real parts ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env(args: argparse.Namespace, key_prefix: str, var_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "CELERY_BROKER_URL": REDIS_URL,
+        "GPUPLANE_BROKER_KEY_PREFIX": key_prefix,
+        "GPUPLANE_VAR_DIR": str(var_dir),
+        "GPUPLANE_AUTO_PASS": "false",
+        "GPUPLANE_CLUSTER": "standalone",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(32),
+    }
+
+
+def stop(process: subprocess.Popen[Any] | None, timeout: float = 30) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def start_server(env: dict[str, str], log: Path, workers: int, threads: int) -> tuple[subprocess.Popen[Any], str]:
+    port = free_port()
+    env = {**env, "GPUPLANE_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEB_WORKERS": str(workers)}
+    env["GPUPLANE_WEB_THREADS"] = str(threads)
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "gpuplane.wsgi"],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:  # noqa: S310 - loopback
+                if resp.status == 200:
+                    return process, url
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop(process)
+                raise SystemExit(f"gunicorn did not start:\n{log.read_text()}") from None
+            time.sleep(0.1)
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
+    with log.open("w") as handle:
+        process = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "celery", "-A", "gpuplane", "worker", "-Q", "binder", "--pool", "solo",
+             "-n", f"whbench-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "-l", "info"],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "ready." not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise SystemExit(f"the celery worker did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    return process
+
+
+class PassLoop:
+    """A separate process running full passes back to back (``--child-loop``)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", args.database_url, "--child-loop"]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        self.durations: list[float] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.durations.append(json.loads(line)["duration"])
+
+    def wait_passes(self, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.durations) < count:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the full-pass loop did not run")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        stop(self.process, timeout=60)
+        self.reader.join(timeout=5)
+
+
+def run_child_loop() -> None:
+    """``--child-loop``: full passes back to back until SIGTERM; one JSON line per pass."""
+    from binder.passes import run_pass
+
+    stopping = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while not stopping:
+        clock = time.perf_counter()
+        run = run_pass("full")
+        print(json.dumps({"duration": time.perf_counter() - clock, "written": run.devices_written}), flush=True)
+
+
+# -- the calls -----------------------------------------------------------------------------
+
+
+def bound_bodies(count: int) -> list[dict[str, Any]]:
+    """Reviews for ``count`` random sets Bound on one node (each VMI names its whole set)."""
+    from django.db import connection
+
+    from binder import models
+    from tests.test_webhook import new_vmi, review
+
+    devices = models.GpuDevice._meta.db_table
+    namespaces = models.Namespace._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT n.name, d.vm_name, array_agg(d.name ORDER BY d.name) FROM {devices} d "  # noqa: S608
+            f"JOIN {namespaces} n ON n.id = d.namespace_id GROUP BY n.name, d.vm_name "
+            "HAVING bool_and(d.phase = 'Bound') AND count(DISTINCT d.node) = 1 ORDER BY random() LIMIT %s",
+            [count],
+        )
+        rows = cursor.fetchall()
+    if len(rows) < count:
+        raise SystemExit(f"only {len(rows)} Bound sets in the database; generate a cluster with cluster_bench.py")
+    return [review(new_vmi(ns, vm, list(names))) for ns, vm, names in rows]
+
+
+def roomiest_class() -> tuple[str, int]:
+    from binder import models
+
+    free = {c.name: c.status_allocatable - c.status_bound for c in models.GpuClass.objects.all()}
+    name = max(free, key=lambda c: free[c])
+    return name, free[name]
+
+
+class PendingSets:
+    """New single-device Pending sets, each inserted by the client thread just before its call.
+
+    Inserted up front they would not stay Pending under load: a full pass places every
+    Pending set it reads, and the call would then find a Bound set. The insert is not
+    timed; afterwards :meth:`needed_pass` counts the sets the webhook sent to the binder.
+    """
+
+    def __init__(self, database_url: str, class_name: str, namespace_ids: list[int]) -> None:
+        from binder import models
+
+        self.url = database_url
+        self.class_name = class_name
+        self.namespace_ids = namespace_ids
+        self.names = dict(models.Namespace.objects.filter(id__in=namespace_ids).values_list("id", "name"))
+        self.table = models.GpuDevice._meta.db_table
+        self.conn: Any = None
+        self.lock = threading.Lock()
+
+    def specs(self, tag: str, count: int) -> list[tuple[int, str]]:
+        import random
+
+        rng = random.Random(tag)
+        return [(rng.choice(self.namespace_ids), f"{PREFIX}{tag}-{i:05d}") for i in range(count)]
+
+    def insert(self, spec: tuple[int, str]) -> dict[str, Any]:
+        """Insert the set's device (committed) and return the review of its VMI."""
+        import psycopg
+
+        from tests.test_webhook import new_vmi, review
+
+        ns, vm = spec
+        # One connection for all client threads: the server's 52 threads and their LISTEN
+        # connections already come close to PostgreSQL's default max_connections of 100.
+        with self.lock:
+            if self.conn is None:
+                self.conn = psycopg.connect(self.url, autocommit=True)
+            self.conn.execute(
+                f"INSERT INTO {self.table} (namespace_id, name, class_name, vm_name, phase, node, since, reason, "  # noqa: S608
+                "bind_request, bind_requested_at, answered_request, answer, created) "
+                "VALUES (%s, %s, %s, %s, 'Pending', '', NULL, '', '', NULL, '', '', now())",
+                [ns, f"{vm}-gpu0", self.class_name, vm],
+            )
+        return review(new_vmi(self.names[ns], vm, [f"{vm}-gpu0"]))
+
+    def needed_pass(self, tag: str) -> int:
+        from binder import models
+
+        rows = models.GpuDevice.objects.filter(vm_name__startswith=f"{PREFIX}{tag}-").exclude(bind_request="")
+        return rows.count()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def delete_inserted() -> int:
+    from binder import models
+
+    deleted, _ = models.GpuDevice.objects.filter(vm_name__startswith=PREFIX).delete()
+    return deleted
+
+
+def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = None) -> tuple[float, str, str]:
+    """One webhook call: (seconds, "allowed" / "denied" / "error", denial message).
+
+    With ``pending``, ``body`` is a Pending set's spec: the set is inserted first (untimed).
+    """
+    if pending is not None:
+        body = pending.insert(body)
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        f"{url}/webhooks/vmi", data=data, headers={"Content-Type": "application/json"}
+    )
+    clock = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - loopback
+            out = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        return time.perf_counter() - clock, "error", str(exc)
+    seconds = time.perf_counter() - clock
+    answer = out.get("response", {})
+    if answer.get("uid") != body["request"]["uid"]:
+        return seconds, "error", "uid not echoed"
+    if answer.get("allowed"):
+        return seconds, "allowed", ""
+    return seconds, "denied", answer.get("status", {}).get("message", "")
+
+
+def run_case(
+    name: str, url: str, bodies: list[Any], clients: int, pending: PendingSets | None = None
+) -> dict[str, Any]:
+    clock = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        results = list(pool.map(lambda body: call(url, body, pending), bodies))
+    wall = time.perf_counter() - clock
+    latencies = [r[0] for r in results]
+    outcome = {k: sum(1 for r in results if r[1] == k) for k in ("allowed", "denied", "error")}
+    messages = sorted({r[2] for r in results if r[1] != "allowed"})
+    timeouts = sum(1 for r in results if r[1] == "denied" and "did not answer" in r[2])
+    case = {
+        "case": name,
+        "clients": clients,
+        "calls": len(results),
+        "wall": wall,
+        "p50": pct(latencies, 50),
+        "p99": pct(latencies, 99),
+        "max": max(latencies),
+        "mean": statistics.fmean(latencies),
+        "timeouts": timeouts,
+        "messages": messages[:5],
+        **outcome,
+    }
+    print(
+        f"{name}: {len(results)} calls in {wall:.1f} s, p50 {case['p50'] * 1000:.0f} ms, "
+        f"p99 {case['p99'] * 1000:.0f} ms, {outcome}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return case
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--calls", type=int, default=500, help="calls for Bound sets, per case")
+    parser.add_argument("--pending", type=int, default=200, help="new Pending sets (one call each), per case")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent clients")
+    parser.add_argument("--serial-calls", type=int, default=100, help="Bound-set calls from 1 client")
+    parser.add_argument("--serial-pending", type=int, default=5, help="Pending-set calls from 1 client")
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-threads", type=int, default=26)
+    parser.add_argument("--skip-load", action="store_true", help="only the idle cases")
+    parser.add_argument("--child-loop", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    setup_django(args.database_url, migrate=False)
+    if args.child_loop:
+        run_child_loop()
+        return
+    if database_name(args.database_url) in {"test", "postgres", "gpuplane"}:
+        raise SystemExit("give a bench database, e.g. " + DEFAULT_URL)
+
+    import redis
+
+    from binder import models
+    from binder.passes import run_pass
+
+    if not models.GpuDevice.objects.filter(phase="Bound").exists():
+        raise SystemExit("no Bound sets: generate a cluster first (bench/cluster_bench.py --generate-only)")
+    delete_inserted()  # leftovers of an interrupted run
+    key_prefix = f"gpuplane-webhook-bench-{os.getpid()}:"
+    broker = redis.Redis.from_url(REDIS_URL)
+    broker.ping()
+    counts = {
+        "nodes": models.Node.objects.count(),
+        "devices": models.GpuDevice.objects.count(),
+    }
+    cases: list[dict[str, Any]] = []
+    loop_passes: list[float] = []
+    server = worker = None
+    loop: PassLoop | None = None
+    pending: PendingSets | None = None
+    server_log: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="whbench-") as tmp:
+        var = Path(tmp)
+        env = child_env(args, key_prefix, var)
+        try:
+            server, url = start_server(env, var / "gunicorn.log", args.web_workers, args.web_threads)
+            worker = start_worker(env, var / "worker.log")
+            class_name, free = roomiest_class()
+            needed = 2 * args.pending + args.serial_pending + 1
+            if free < needed:
+                raise SystemExit(f"class {class_name} has room for {free} devices, the bench needs {needed}")
+            pending = PendingSets(args.database_url, class_name, generous_tenants())
+            bound = bound_bodies(args.calls)
+            # Warm up: every gunicorn thread's connection, the worker's first pass.
+            run_case("warm-up (not reported)", url, bound[: 2 * args.clients], args.clients)
+            run_case("warm-up (not reported)", url, pending.specs("warm", 1), 1, pending)
+
+            cases.append(run_case("(a) Bound sets, idle, 1 client", url, bound[: args.serial_calls], 1))
+            cases.append(run_case("(a) Bound sets, idle", url, bound, args.clients))
+            if args.serial_pending:
+                case = run_case(
+                    "(b) Pending sets, idle, 1 client", url, pending.specs("serial", args.serial_pending), 1, pending
+                )
+                case["needed_pass"] = pending.needed_pass("serial")
+                cases.append(case)
+            case = run_case("(b) Pending sets, idle", url, pending.specs("idle", args.pending), args.clients, pending)
+            case["needed_pass"] = pending.needed_pass("idle")
+            cases.append(case)
+            delete_inserted()
+
+            if not args.skip_load:
+                loop = PassLoop(args)
+                loop.wait_passes(1)
+                start = len(loop.durations)
+                cases.append(run_case("(c) Bound sets, full passes back to back", url, bound, args.clients))
+                specs = pending.specs("load", args.pending)
+                case = run_case("(c) Pending sets, full passes back to back", url, specs, args.clients, pending)
+                case["needed_pass"] = pending.needed_pass("load")
+                cases.append(case)
+                loop.stop()
+                loop_passes = loop.durations[start:]
+        finally:
+            if loop is not None:
+                loop.stop()
+            if pending is not None:
+                pending.close()
+            stop(server)
+            stop(worker)
+            log = (var / "gunicorn.log").read_text() if (var / "gunicorn.log").exists() else ""
+            server_log["LISTEN fallbacks (polling)"] = log.count("polling for bind answers")
+            server_log["HTTP 500s"] = log.count('" 500 ')
+            deleted = delete_inserted()
+            run_pass("full")  # re-settle the class and budget status
+            for key in broker.scan_iter(match=key_prefix + "*"):
+                broker.delete(key)
+            print(f"cleaned up: {deleted} devices deleted, subprocesses stopped", file=sys.stderr)
+    report(args, counts, cases, loop_passes, server_log)
+
+
+def report(
+    args: argparse.Namespace,
+    counts: dict[str, int],
+    cases: list[dict[str, Any]],
+    passes: list[float],
+    server_log: dict[str, int],
+) -> None:
+    ms = 1000
+    print()
+    print(
+        f"Cluster: {counts['nodes']} nodes, {counts['devices']} devices ({database_name(args.database_url)}); "
+        f"gunicorn {args.web_workers} x {args.web_threads} threads, 1 celery worker (solo), "
+        f"{args.clients} concurrent clients, {os.cpu_count()} CPUs."
+    )
+    if passes:
+        print(
+            f"Full passes back to back during (c): {len(passes)} passes, "
+            f"median {statistics.median(passes) * ms:.0f} ms, max {max(passes) * ms:.0f} ms."
+        )
+    print("Server log: " + ", ".join(f"{k} {v}" for k, v in server_log.items()) + ".")
+    print()
+    print("| case | calls | p50 | p99 | max | allowed | denied (timeouts) | errors | sent to the binder |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in cases:
+        print(
+            f"| {c['case']} | {c['calls']} | {c['p50'] * ms:.0f} ms | {c['p99'] * ms:.0f} ms | {c['max'] * ms:.0f} ms "
+            f"| {c['allowed']} | {c['denied']} ({c['timeouts']}) | {c['error']} | {c.get('needed_pass', '–')} |"
+        )
+    print()
+    print("<details><summary>raw figures (JSON)</summary>\n")
+    print("```json")
+    print(json.dumps({"counts": counts, "cases": cases, "full_passes": passes, "server_log": server_log}, indent=1))
+    print("```\n</details>")
+
+
+if __name__ == "__main__":
+    main()

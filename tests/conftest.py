@@ -8,6 +8,7 @@ in CI) any skipped test fails the session, so a run that silently fell back is r
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +17,16 @@ import pytest
 @pytest.fixture(autouse=True)
 def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_AUTO_PASS = False
+
+
+@pytest.fixture(autouse=True)
+def _close_answer_listener() -> Iterator[None]:
+    """The webhook's per-process LISTEN connection holds the test database open; close it
+    after each test so the database can be flushed and dropped."""
+    yield
+    from webhooks.views import ANSWERS
+
+    ANSWERS.stop()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

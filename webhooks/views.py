@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -139,6 +140,8 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
     request_id = uuid.uuid4().hex
     names = verdict.bind
     with _listener() as listener:
+        # Noted before the requests are written: a notification after this moves it.
+        seen = listener.count if listener is not None else 0
         committed = False
 
         def mark_committed() -> None:
@@ -177,7 +180,7 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
             if remaining <= 0:
                 return timed_out(review, wait)
             if listener is not None:
-                _wait_for_notification(listener, min(remaining, RECHECK_SECONDS))
+                seen = listener.wait(seen, min(remaining, RECHECK_SECONDS))
             else:
                 time.sleep(min(remaining, POLL_SECONDS))
 
@@ -213,38 +216,81 @@ def _answers(review: Review, names: tuple[str, ...], request_id: str) -> dict[st
     return {name: answer for name, (_, answer) in rows.items()}
 
 
-@contextlib.contextmanager
-def _listener() -> Iterator[psycopg.Connection[Any] | None]:
-    """A dedicated autocommit connection listening on the answers channel (PostgreSQL only).
+class AnswerListener:
+    """One ``LISTEN gpuplane_answers`` connection per process, shared by every waiting call.
 
-    Opened before the bind requests are written and checked against the database after
-    every wake-up, so an answer committed at any moment is either seen by a read or
-    announced by a notification. Without it (SQLite, or the connection failed) the
-    caller polls.
+    A connection per waiting call would not scale: under 50 concurrent calls gunicorn's
+    own connections plus one listener each went past PostgreSQL's default of 100
+    connections. Here a daemon thread holds the only listener and counts notifications;
+    a caller notes the count before writing its bind requests and waits for it to move,
+    then reads the database (the truth). If the connection drops, the thread reconnects;
+    callers re-read the database every ``RECHECK_SECONDS`` anyway, so a notification
+    lost in the gap delays an answer, never loses it.
     """
-    if connection.vendor != "postgresql":
-        yield None
-        return
-    try:
-        params = connection.get_connection_params()
-        params.setdefault("connect_timeout", 2)
-        conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
-    except psycopg.Error:
-        log.warning("LISTEN %s failed; polling for bind answers", ANSWERS_CHANNEL, exc_info=True)
-        yield None
-        return
-    try:
-        yield conn
-    finally:
-        conn.close()
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._count = 0
+        self._thread: threading.Thread | None = None
+        self._params: dict[str, Any] = {}
+        self.listening = threading.Event()
+        self._stop = threading.Event()
+
+    def start(self) -> bool:
+        """Start the thread once per process (PostgreSQL only); True while it listens."""
+        if connection.vendor != "postgresql":
+            return False
+        with self._changed:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._params = {**connection.get_connection_params(), "connect_timeout": 2}
+                self._thread = threading.Thread(target=self._run, name="gpuplane-answer-listener", daemon=True)
+                self._thread.start()
+        return self.listening.wait(timeout=2)
+
+    @property
+    def count(self) -> int:
+        with self._changed:
+            return self._count
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Until the count passes ``seen`` or ``timeout`` seconds went by; the new count."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._count > seen, timeout=timeout)
+            return self._count
+
+    def stop(self) -> None:
+        """Close the listener (tests, and before a database is dropped); start() reopens it."""
+        thread = self._thread
+        self._stop.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
+                    self.listening.set()
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            with self._changed:
+                                self._count += 1
+                                self._changed.notify_all()
+            except psycopg.Error:
+                log.warning("LISTEN %s failed; retrying in 1 s", ANSWERS_CHANNEL, exc_info=True)
+            self.listening.clear()
+            with self._changed:  # wake waiters: they re-read the database
+                self._count += 1
+                self._changed.notify_all()
+            self._stop.wait(1)
 
 
-def _wait_for_notification(conn: psycopg.Connection[Any], timeout: float) -> None:
-    """Return at the first notification on the channel, or after ``timeout`` seconds."""
-    try:
-        for _ in conn.notifies(timeout=timeout, stop_after=1):
-            break
-    except psycopg.Error:
-        log.warning("LISTEN connection failed; polling for bind answers", exc_info=True)
-        time.sleep(min(timeout, POLL_SECONDS))
+ANSWERS = AnswerListener()
+
+
+@contextlib.contextmanager
+def _listener() -> Iterator[AnswerListener | None]:
+    """The process's answer listener when it is listening (PostgreSQL), else None: poll."""
+    yield ANSWERS if ANSWERS.start() else None

@@ -678,8 +678,8 @@ def breakdown_pass() -> dict[str, float]:
 
 
 def floor_queries() -> list[tuple[str, Any]]:
-    """The querysets ``read_cluster`` evaluates, without the conversion to engine records."""
-    from binder import models
+    """The rows ``read_cluster`` reads, as Django ``values()`` querysets with the namespace
+    join and ORDER BY (a reference: ``read_cluster`` itself issues the lean SELECTs)."""
     from binder.mirror import KINDS
 
     out = []
@@ -689,7 +689,6 @@ def floor_queries() -> list[tuple[str, Any]]:
         columns = ("namespace__name", "name", *fields) if namespaced else ("name", *fields)
         order = ("namespace__name", "name") if namespaced else ("name",)
         out.append((kind, model.objects.all().order_by(*order).values(*columns)))
-    out.append(("device ids", models.GpuDevice.objects.order_by().values_list("id", "namespace__name", "name")))
     return out
 
 
@@ -703,10 +702,7 @@ def floor_select() -> dict[str, float]:
         clock = time.perf_counter()
         for kind, qs in floor_queries():
             t = time.perf_counter()
-            if kind == "device ids":
-                list(qs)
-            else:
-                list(qs.iterator(chunk_size=5000))
+            list(qs.iterator(chunk_size=5000))
             out[f"values:{kind}"] = time.perf_counter() - t
         out["values"] = time.perf_counter() - clock
         clock = time.perf_counter()
@@ -753,17 +749,14 @@ def read_split() -> dict[str, float]:
     """read_rows per kind (values() + conversion to engine records)."""
     from django.db import transaction
 
-    from binder.mirror import read_device_ids, read_rows
+    from binder.mirror import read_rows
 
     out = {}
     with transaction.atomic():
         for kind in ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod"):
             t = time.perf_counter()
-            read_rows(kind)
+            read_rows(kind, ids={} if kind == "GPU" else None)  # read_cluster takes the ids with the devices
             out[kind] = time.perf_counter() - t
-        t = time.perf_counter()
-        read_device_ids()
-        out["device ids"] = time.perf_counter() - t
     return out
 
 
@@ -1045,10 +1038,11 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         f"{floor['raw'] * ms:.0f} ms | | |"
     )
     print(f"| lean SELECTs of the same rows (no join, no ORDER BY) | {floor['lean'] * ms:.0f} ms | | |")
-    ratio = med / floor["values"]
+    # read_cluster issues the lean SELECTs, so they are the floor the target is judged by.
+    ratio = med / floor["lean"]
     print(
-        f"| floor ratio: pass / `values()` SELECTs (/ raw, / lean) | {ratio:.1f} ({med / floor['raw']:.1f}, "
-        f"{med / floor['lean']:.1f}) | < 3 | {mark(ratio < 3)} |"
+        f"| floor ratio: pass / lean SELECTs (/ `values()`, / raw) | {ratio:.1f} ({med / floor['values']:.1f}, "
+        f"{med / floor['raw']:.1f}) | < 3 | {mark(ratio < 3)} |"
     )
     print(
         "| pass breakdown: lock / read / engine / write / commit | "
@@ -1056,10 +1050,8 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         + f" ms (total {bd['total'] * ms:.0f}) | | |"
     )
     print(
-        "| read_cluster split: devices / device ids / pods / VMIs / nodes / budgets | "
-        + " / ".join(
-            f"{rs[k] * ms:.0f}" for k in ("GPU", "device ids", "Pod", "VirtualMachineInstance", "Node", "GPUBudget")
-        )
+        "| read_cluster split: devices (with ids) / pods / VMIs / nodes / budgets | "
+        + " / ".join(f"{rs[k] * ms:.0f}" for k in ("GPU", "Pod", "VirtualMachineInstance", "Node", "GPUBudget"))
         + " ms | | |"
     )
     sets_s = orders["bound"] / orders["duration"] if orders["duration"] else 0

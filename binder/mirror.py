@@ -191,15 +191,6 @@ def read_rows(
     return records
 
 
-def read_device_ids() -> dict[tuple[str, str], int]:
-    """Device row ids by (namespace, name), for writing a pass's result back."""
-    names = dict(models.Namespace.objects.values_list("id", "name"))
-    return {
-        (names.get(ns, ""), name): pk
-        for pk, ns, name in models.GpuDevice.objects.order_by().values_list("id", "namespace_id", "name")
-    }
-
-
 def read_cluster(now: datetime) -> tuple[e.Cluster, dict[tuple[str, str], int]]:
     """The whole mirror as one engine snapshot (read inside the caller's transaction)."""
     ids: dict[tuple[str, str], int] = {}

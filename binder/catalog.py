@@ -4,40 +4,28 @@ The numbers come from the pure engine (``binder.engine.catalog.gpu_options``) ov
 consistent snapshot of the mirror, so they agree with the binder and ``dump_state``
 (the same ledger, the same shared launcher reader).
 
-Who may see which namespace. Until tenant grants arrive (issue 5, ``issue_token``):
-staff see every namespace; any other user sees namespace ``ns`` only when they belong
-to the Django group named ``tenant:<ns>``. A namespace the user may not see and one that
-does not exist both answer 404, so namespace names do not leak.
+Who may see which namespace: the API's one rule (``usage.tenancy``): staff see every
+namespace, any other user the namespaces granted to them (``manage.py issue_token``).
+A namespace the user may not see and one that does not exist both answer 404, so
+namespace names do not leak.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import models
+from usage.api import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedMixin
+
 from .engine.catalog import gpu_options
 from .mirror import read_cluster
-
-#: The interim grant: membership of this group lets a user see the namespace.
-TENANT_GROUP_PREFIX = "tenant:"
-
-
-def may_see(user: Any, namespace: str) -> bool:
-    """Staff see every namespace; others only those of their ``tenant:<ns>`` groups."""
-    if user.is_staff:
-        return True
-    return bool(user.groups.filter(name=f"{TENANT_GROUP_PREFIX}{namespace}").exists())
 
 
 class GpuOptionSerializer(serializers.Serializer):
@@ -62,14 +50,8 @@ class GpuOptionSerializer(serializers.Serializer):
     )
 
 
-ERROR = inline_serializer("CatalogError", fields={"error": serializers.CharField()})
-
-
-class GpuOptionsView(APIView):
+class GpuOptionsView(TenantScopedMixin, APIView):
     """The GPU classes a tenant may order, with budget and free capacity."""
-
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
-    permission_classes = [IsAuthenticated]
 
     @extend_schema(
         operation_id="catalog_gpu_options",
@@ -81,17 +63,16 @@ class GpuOptionsView(APIView):
         ],
         responses={
             200: GpuOptionSerializer(many=True),
-            400: OpenApiResponse(ERROR, description="namespace parameter missing"),
-            401: OpenApiResponse(description="no or bad credentials"),
-            404: OpenApiResponse(ERROR, description="no such namespace, or not yours"),
+            400: BAD_REQUEST,
+            401: UNAUTHORIZED,
+            404: NOT_FOUND,
         },
     )
     def get(self, request: Request) -> Response:
         namespace = (request.query_params.get("namespace") or "").strip()
         if not namespace:
-            return Response({"error": "query parameter 'namespace' is required"}, status=400)
-        if not may_see(request.user, namespace) or not models.Namespace.objects.filter(name=namespace).exists():
-            return Response({"error": f"namespace {namespace!r} not found"}, status=404)
+            raise ValidationError({"namespace": ["this query parameter is required"]})
+        self.tenant(namespace)
         with transaction.atomic():
             cluster, _ = read_cluster(timezone.now())
         options = gpu_options(cluster, namespace)

@@ -249,6 +249,8 @@ class PassRun(models.Model):
     refused = models.IntegerField(default=0)
     restored = models.IntegerField(default=0)
     skipped = models.CharField(max_length=128, blank=True, help_text="why the pass placed nothing")
+    records_opened = models.IntegerField(default=0, help_text="usage records opened (full passes only)")
+    records_closed = models.IntegerField(default=0, help_text="usage records closed (full passes only)")
 
     class Meta:
         ordering = ["-started"]

@@ -21,6 +21,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from usage.records import record_usage
+
 from . import models
 from .engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from .engine import types as e
@@ -55,13 +57,19 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         if not cluster.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
         write_result(run, result, ids)
+        if kind == models.PassKind.FULL:
+            # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
+            # devices and classes always get their usage records closed.
+            written = record_usage(run.pk, now, cluster, result.devices)
+            run.records_opened, run.records_closed = written.opened, written.closed
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()
         if result.answered:
             notify_answers(run.pk)
     log.info(
-        "%s pass %s: %d devices, %d written, bound=%d moved=%d lost=%d refused=%d restored=%d in %.1f ms",
+        "%s pass %s: %d devices, %d written, bound=%d moved=%d lost=%d refused=%d restored=%d,"
+        " usage records +%d -%d, in %.1f ms",
         kind,
         run.pk,
         run.devices_seen,
@@ -71,6 +79,8 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         run.lost,
         run.refused,
         run.restored,
+        run.records_opened,
+        run.records_closed,
         run.duration_ms,
     )
     return run

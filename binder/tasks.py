@@ -89,9 +89,17 @@ def full_pass_task() -> int:
 
 @shared_task(name="binder.answer_pass")
 def answer_pass_task() -> int:
-    """Run one answer pass; returns the pass id."""
+    """Run one answer pass; returns the pass id.
+
+    An answer pass that placed a set leaves usage records and class/budget status to
+    a full pass (SPEC §4), so it asks for one (collapsed like any event): the set's
+    usage record then opens within one pass of its binding.
+    """
     _release(PassKind.ANSWER)
-    return run_pass(PassKind.ANSWER).pk
+    run = run_pass(PassKind.ANSWER)
+    if run.bound or run.moved or run.lost or run.restored:
+        queue_full_pass()
+    return run.pk
 
 
 @shared_task(name="binder.resync")

@@ -93,9 +93,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "binder",
     "usage",
     "webhooks",
@@ -218,12 +219,57 @@ GPUPLANE_METRICS_TOKEN = os.environ.get("GPUPLANE_METRICS_TOKEN", "")
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Token first: a request without credentials gets 401 with WWW-Authenticate: Token.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DATETIME_FORMAT": "iso-8601",
 }
+#: API tokens (django-rest-knox): only a SHA-512 digest is stored, a user may hold several,
+#: and each expires (``manage.py issue_token --days``; 0 = never). ``gpp_`` marks them for
+#: secret scanners.
+REST_KNOX = {
+    "TOKEN_TTL": None,
+    "TOKEN_PREFIX": "gpp_",
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTO_REFRESH": False,
+}
+#: Default token lifetime for ``manage.py issue_token`` (days; 0: never expires).
+GPUPLANE_TOKEN_DAYS = env_int("GPUPLANE_TOKEN_DAYS", 90)
+#: The usage API's default window when ``from`` is not given: this many days before ``to``.
+GPUPLANE_USAGE_DEFAULT_DAYS = env_int("GPUPLANE_USAGE_DEFAULT_DAYS", 30, minimum=1)
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplane API",
-    "DESCRIPTION": "GPU placement, budgets and usage for KubeVirt VMs.",
+    "DESCRIPTION": (
+        "GPU placement, budgets and usage for KubeVirt VMs. Authenticate with "
+        "`Authorization: Token <token>` (from `manage.py issue_token`); tenants see only the "
+        "namespaces granted to them, and another namespace answers 404."
+    ),
     "VERSION": "0.1.0",
+    # Swagger UI and Redoc from the drf-spectacular-sidecar package: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {
+            "tokenAuth": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "`Token <token>` as printed by `manage.py issue_token`",
+            }
+        }
+    },
+    "SECURITY": [{"tokenAuth": []}],
+    "AUTHENTICATION_WHITELIST": ["knox.auth.TokenAuthentication"],
 }
 
 LOGGING = {

@@ -1,9 +1,9 @@
-"""URL map: the staff admin, health, the API schema (endpoints arrive with their issues)."""
+"""URL map: the staff admin, health, metrics, the webhook, the API and its schema and docs."""
 
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from binder.catalog import GpuOptionsView
 from binder.metrics import metrics_view
@@ -24,6 +24,9 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("api/v1/", include("usage.urls")),
     path("api/v1/catalog/gpu-options", GpuOptionsView.as_view(), name="catalog-gpu-options"),
     path("webhooks/vmi", VmiAdmissionView.as_view(), name="webhook-vmi"),
 ]

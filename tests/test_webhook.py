@@ -212,8 +212,10 @@ def test_a_pending_set_is_placed_by_an_in_process_answer_pass_and_allowed(client
     request_ids = {d.bind_request for d in rows.values()}
     assert len(request_ids) == 1 and request_ids == {d.answered_request for d in rows.values()}
     assert all(d.bind_requested_at is not None for d in rows.values())
-    runs = list(models.PassRun.objects.all())
-    assert [r.kind for r in runs] == ["answer"]
+    runs = list(models.PassRun.objects.all())  # newest first
+    # The answer pass placed the set and asked for a full pass (usage records, status).
+    assert [r.kind for r in runs] == ["full", "answer"]
+    assert runs[0].records_opened == 2
     assert models.BindAnswer.objects.filter(allowed=True).count() == 2
 
 

@@ -1,0 +1,163 @@
+"""Write usage records at the end of every full pass (SPEC §7), never in an answer pass.
+
+The engine (``binder.engine.usage``) says what is held after the pass and which open
+records to close and which to open; this module reads the open records, supplies the
+fresh VMI reads the launcher rule needs for pods, and writes the plan in the pass's
+transaction, at the pass's time. Because it runs with the feature switch off too, a
+deleted device, a deleted class or a deleted namespace always gets its records closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+
+from binder import models as binder_models
+from binder.engine import types as e
+from binder.engine.launcher import VmiLookup
+from binder.engine.usage import (
+    Holding,
+    OpenRecord,
+    RecordPhase,
+    SubjectKind,
+    UsagePlan,
+    holdings,
+    reconcile_usage,
+    requests_raw_gpu,
+)
+from binder.mirror import read_rows
+
+from .models import UsageRecord
+
+#: The columns that make up a record's holding, in :class:`Holding` field order.
+HOLDING_COLUMNS = (
+    "namespace",
+    "subject_kind",
+    "subject",
+    "subject_uid",
+    "key",
+    "resource_name",
+    "units",
+    "node",
+    "phase",
+    "vm_name",
+)
+_CHUNK = 5000
+_SUBJECT_KINDS = {k.value: k for k in SubjectKind}
+_RECORD_PHASES = {p.value: p for p in RecordPhase}
+
+
+@dataclass(frozen=True, slots=True)
+class UsageWrite:
+    """How many records a pass opened and closed."""
+
+    opened: int = 0
+    closed: int = 0
+
+
+def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
+    """Read, fresh, only the VMIs named by the owner hints of pods requesting a raw GPU.
+
+    SPEC §2: usage records and the tenant usage API read the VMI a pod's owner hint
+    names at the time they need it, not from a snapshot taken earlier, and only for
+    pods that request a raw GPU resource. In standalone mode the database is the
+    cluster, so this is one query for all the named VMIs (in the caller's transaction).
+    The launcher rule itself (``binder.engine.launcher``) then decides from activePods.
+    """
+    wanted = {(p.namespace, p.owner_vmi) for p in pods if p.owner_vmi and requests_raw_gpu(p)}
+    found: dict[tuple[str, str], e.Vmi] = {}
+    if wanted:
+        queryset = binder_models.VirtualMachineInstance.objects.filter(
+            namespace__name__in={ns for ns, _ in wanted}, name__in={name for _, name in wanted}
+        )
+        for vmi in read_rows("VirtualMachineInstance", queryset=queryset):
+            if (vmi.namespace, vmi.name) in wanted:
+                found[(vmi.namespace, vmi.name)] = vmi
+    return found
+
+
+def lookup(vmis: dict[tuple[str, str], e.Vmi]) -> VmiLookup:
+    """The VMI lookup the launcher rule takes, over VMIs already read."""
+
+    def find_vmi(namespace: str, name: str) -> e.Vmi | None:
+        return vmis.get((namespace, name))
+
+    return find_vmi
+
+
+def devices_after(cluster: e.Cluster, changed: Iterable[e.Device]) -> list[e.Device]:
+    """The devices as they stand once a pass's changes are written."""
+    current = {d.key: d for d in cluster.devices}
+    current.update((d.key, d) for d in changed)
+    return list(current.values())
+
+
+def current_holdings(cluster: e.Cluster, changed: Iterable[e.Device] = ()) -> tuple[Holding, ...]:
+    """What is held after the pass: devices from the pass, pods' VMIs read fresh."""
+    classes = {c.name: c for c in cluster.classes}
+    return holdings(devices_after(cluster, changed), cluster.pods, classes, lookup(fresh_vmis(cluster.pods)))
+
+
+def open_records() -> list[OpenRecord]:
+    """Every open record, as the engine compares them."""
+    rows = UsageRecord.objects.open().order_by().values_list("id", *HOLDING_COLUMNS)
+    found = []
+    for row in rows.iterator(chunk_size=10000):
+        record_id, namespace, kind, subject, uid, key, resource, units, node, phase, vm = row
+        holding = Holding(
+            namespace, _SUBJECT_KINDS[kind], subject, uid, key, resource, units, node, _RECORD_PHASES[phase], vm
+        )
+        found.append(OpenRecord(record_id, holding))
+    return found
+
+
+def record_usage(pass_id: int, now: datetime, cluster: e.Cluster, changed: Iterable[e.Device]) -> UsageWrite:
+    """Close and open records so that exactly the current holdings are open (at ``now``)."""
+    plan = reconcile_usage(open_records(), current_holdings(cluster, changed))
+    if plan:
+        write_plan(plan, pass_id, now)
+    return UsageWrite(opened=len(plan.open), closed=len(plan.close))
+
+
+def write_plan(plan: UsagePlan, pass_id: int, now: datetime) -> None:
+    """Close first (the one-open-record constraint), then open, all at ``now``."""
+    closing = list(plan.close)
+    for i in range(0, len(closing), _CHUNK):
+        UsageRecord.objects.filter(id__in=closing[i : i + _CHUNK]).update(end=now, closed_by_pass=pass_id)
+    if not plan.open:
+        return
+    if connection.vendor == "postgresql":
+        with (
+            connection.cursor() as cursor,
+            cursor.cursor.copy(
+                f"COPY {UsageRecord._meta.db_table} ({', '.join(HOLDING_COLUMNS)}, start, opened_by_pass) FROM STDIN"
+            ) as copy,
+        ):
+            for h in plan.open:
+                copy.write_row((*_holding_row(h), now, pass_id))
+        return
+    UsageRecord.objects.bulk_create(
+        [
+            UsageRecord(**dict(zip(HOLDING_COLUMNS, _holding_row(h), strict=True)), start=now, opened_by_pass=pass_id)
+            for h in plan.open
+        ],
+        batch_size=1000,
+    )
+
+
+def _holding_row(h: Holding) -> tuple[object, ...]:
+    return (
+        h.namespace,
+        h.subject_kind.value,
+        h.subject,
+        h.subject_uid,
+        h.key,
+        h.resource_name,
+        h.units,
+        h.node,
+        h.phase.value,
+        h.vm_name,
+    )

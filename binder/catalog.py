@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from usage.api import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedMixin
+from usage.tenancy import NAMESPACE_NAME
 
 from .engine.catalog import gpu_options
 from .mirror import read_cluster
@@ -58,7 +59,12 @@ class GpuOptionsView(TenantScopedMixin, APIView):
         summary="GPU options of one tenant",
         parameters=[
             OpenApiParameter(
-                "namespace", OpenApiTypes.STR, OpenApiParameter.QUERY, required=True, description="tenant namespace"
+                "namespace",
+                OpenApiTypes.STR,
+                OpenApiParameter.QUERY,
+                required=True,
+                description="tenant namespace",
+                pattern=NAMESPACE_NAME.pattern,
             )
         ],
         responses={

@@ -258,6 +258,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema endpoint documents the API, not itself
     "APPEND_COMPONENTS": {
         "securitySchemes": {
             "tokenAuth": {

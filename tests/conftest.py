@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
+
+from tests.shapes import NOW
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +31,24 @@ def _close_answer_listener() -> Iterator[None]:
     from webhooks.views import ANSWERS
 
     ANSWERS.stop()
+
+
+class Clock:
+    """``timezone.now()`` for passes, queries and views, moved by hand (see ``clock``)."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+@pytest.fixture
+def clock() -> Iterator[Clock]:
+    """Freeze ``django.utils.timezone.now`` at tests.shapes.NOW; ``clock.advance(hours=1)``."""
+    c = Clock()
+    with mock.patch("django.utils.timezone.now", side_effect=lambda: c.now):
+        yield c
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -7,7 +7,6 @@ passes run for real (``binder.passes.run_pass``) at times set by the ``clock`` f
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from unittest import mock
@@ -20,10 +19,10 @@ from binder.engine import types as e
 from binder.engine.usage import Holding, OpenRecord, RecordPhase, SubjectKind, holdings, reconcile_usage
 from binder.passes import run_pass
 from binder.snapshot import load_objects
+from tests.conftest import Clock
 from tests.shapes import (
     A10,
     H100,
-    NOW,
     class_obj,
     gpu,
     gpu_class,
@@ -40,23 +39,6 @@ from usage.models import ClosedRecordError, UsageRecord
 
 LAUNCHER_UID = "e566efd1-741e-4def-b164-403f2585fbba"  # the captured launcher's uid
 VGPU = "nvidia.com/NVIDIA_A10-12Q"
-
-
-class Clock:
-    """``timezone.now()`` for passes and queries, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
-
-
-@pytest.fixture
-def clock() -> Iterator[Clock]:
-    c = Clock()
-    with mock.patch("django.utils.timezone.now", side_effect=lambda: c.now):
-        yield c
 
 
 def records(**filters: Any) -> list[UsageRecord]:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime, time, timedelta
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
@@ -23,7 +24,7 @@ from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, serializers
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
@@ -53,6 +54,12 @@ class TenantScopedMixin:
     kwargs: dict[str, Any]
     scoped_model: Any = None
 
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
+        if request.query_params.get("format") == "":
+            raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})
+
     def visible(self) -> Visible:
         return visible_namespaces(self.request.user)
 
@@ -60,6 +67,12 @@ class TenantScopedMixin:
         return self.scoped_model.objects.for_tenant(self.visible())  # type: ignore[no-any-return]
 
     def get_queryset(self) -> QuerySet[Any]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view
+            return self.scoped_model.objects.none()  # type: ignore[no-any-return]
+        return self.tenant_queryset()
+
+    def tenant_queryset(self) -> QuerySet[Any]:
+        """The view's rows; override to narrow ``scoped_queryset()`` further."""
         return self.scoped_queryset()
 
     def tenant(self, namespace: str | None = None) -> str:
@@ -70,11 +83,39 @@ class TenantScopedMixin:
 
 
 class Pages(PageNumberPagination):
-    """``?page=N&page_size=M`` (default 100, at most 1000)."""
+    """``?page=N&page_size=M`` (default 100, at most 1000).
+
+    A page or size that is not a positive integer, or a size above 1000, is a 400 naming
+    the parameter (DRF alone answers 404 "Invalid page" for ``page=0`` and silently
+    ignores a bad size); a page past the last one is 404, as in DRF.
+    """
 
     page_size = 100
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        self.check_parameters(request)
+        return super().paginate_queryset(queryset, request, view)
+
+    def check_parameters(self, request: Request) -> None:
+        """400 naming ``page`` or ``page_size`` if either is given and not valid."""
+        for name in (self.page_query_param, self.page_size_query_param):
+            raw = request.query_params.get(name)
+            if raw is None or raw == "last" and name == self.page_query_param:
+                continue
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValidationError({name: [f"must be a positive integer, got {raw!r}"]})
+            if name == self.page_size_query_param and int(raw) > self.max_page_size:
+                raise ValidationError({name: [f"must be at most {self.max_page_size}, got {raw}"]})
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = 1
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["maximum"] = self.max_page_size
+        return parameters
 
 
 NOT_FOUND = OpenApiResponse(
@@ -117,6 +158,13 @@ class WindowSerializer(serializers.Serializer):  # type: ignore[type-arg]
         fields["from"] = FlexibleDateTimeField(required=False, help_text="start of the window (default: to − 30 days)")
         return fields
 
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        # DRF reads an empty query parameter as absent; here it is a mistake worth saying.
+        empty = {name: ["must be a date-time, not empty"] for name in ("from", "to") if data.get(name) == ""}
+        if empty:
+            raise serializers.ValidationError(empty)
+        return super().to_internal_value(data)  # type: ignore[no-any-return]
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         now = timezone.now()
         end = attrs.get("to") or now
@@ -126,20 +174,27 @@ class WindowSerializer(serializers.Serializer):  # type: ignore[type-arg]
         return {"from": start, "to": end, "now": now}
 
 
+#: RFC 3339 date-time, or a plain date (its midnight, UTC).
+WHEN = {"type": "string", "anyOf": [{"format": "date-time"}, {"format": "date"}]}
 WINDOW_PARAMETERS = [
     OpenApiParameter(
         "from",
-        OpenApiTypes.DATETIME,
+        WHEN,
         OpenApiParameter.QUERY,
-        description="start of the window, RFC 3339 or YYYY-MM-DD (default: `to` − 30 days)",
+        description="start of the window, RFC 3339 date-time or YYYY-MM-DD (default: `to` − 30 days)",
     ),
-    OpenApiParameter(
-        "to", OpenApiTypes.DATETIME, OpenApiParameter.QUERY, description="end of the window (default: now)"
-    ),
+    OpenApiParameter("to", WHEN, OpenApiParameter.QUERY, description="end of the window, like `from` (default: now)"),
 ]
 
 
 # -- serializers ----------------------------------------------------------------------------
+
+
+class Hours(serializers.FloatField):
+    """GPU-hours, to the microhour (SQLite's julianday arithmetic leaves float dust)."""
+
+    def to_representation(self, value: Any) -> float:
+        return round(float(value), 6)
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
@@ -150,7 +205,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-a
     vmName = serializers.CharField(source="vm_name")  # noqa: N815
     resourceName = serializers.CharField(source="resource_name")  # noqa: N815
     open = serializers.BooleanField(source="is_open")
-    gpuHours = serializers.FloatField(source="gpu_hours", help_text="units × hours, until now while open")  # noqa: N815
+    gpuHours = Hours(source="gpu_hours", help_text="units × hours, until now while open")  # noqa: N815
     openedByPass = serializers.IntegerField(source="opened_by_pass", allow_null=True)  # noqa: N815
     closedByPass = serializers.IntegerField(source="closed_by_pass", allow_null=True)  # noqa: N815
 
@@ -252,7 +307,54 @@ class DecisionSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 # -- filters --------------------------------------------------------------------------------
 
 
-class UsageRecordFilter(filters.FilterSet):
+class StrictFilterSet(filters.FilterSet):
+    """A FilterSet that refuses an empty value for a typed filter (choice, date-time, boolean).
+
+    django-filter reads ``?phase=`` as "no filter"; for a typed parameter that is a client
+    mistake (the OpenAPI schema says it is an enum or a date-time), so it is a 400 naming
+    the parameter, not a silently unfiltered answer. Free-text filters may be empty.
+    """
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        empty = [
+            name
+            for name, declared in self.filters.items()
+            if self.data.get(name) == "" and not isinstance(declared, filters.CharFilter)
+        ]
+        for name in empty:
+            self.form.add_error(name, "must not be empty (leave the parameter out to not filter)")
+        return valid and not empty  # type: ignore[no-any-return]
+
+
+class StrictBooleanField(forms.NullBooleanField):
+    """``true``/``false`` (or ``1``/``0``); anything else is an error, not "no filter"."""
+
+    def to_python(self, value: Any) -> bool | None:
+        if value in (None, ""):
+            return None
+        if str(value).lower() in ("true", "1"):
+            return True
+        if str(value).lower() in ("false", "0"):
+            return False
+        raise forms.ValidationError(f"must be true or false, got {value!r}")
+
+    def validate(self, value: Any) -> None:
+        pass
+
+
+class StrictBooleanFilter(filters.BooleanFilter):
+    """A boolean filter whose raw value reaches :class:`StrictBooleanField` (django-filter's
+    own widget turns anything unknown into "no filter" before the field sees it)."""
+
+    field_class = StrictBooleanField
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", forms.TextInput)
+        super().__init__(*args, **kwargs)
+
+
+class UsageRecordFilter(StrictFilterSet):
     """Filters of ``usage-records``; ``from``/``to`` keep records that overlap the range."""
 
     key = filters.CharFilter(help_text="class name or raw resource name")
@@ -261,7 +363,7 @@ class UsageRecordFilter(filters.FilterSet):
     subject_kind = filters.ChoiceFilter(choices=SubjectKind.choices)
     node = filters.CharFilter()
     vm = filters.CharFilter(field_name="vm_name")
-    open = filters.BooleanFilter(field_name="end", lookup_expr="isnull", help_text="true: only open records")
+    open = StrictBooleanFilter(field_name="end", lookup_expr="isnull", help_text="true: only open records")
 
     class Meta:
         model = UsageRecord
@@ -281,7 +383,7 @@ UsageRecordFilter.base_filters["to"] = filters.IsoDateTimeFilter(
 )
 
 
-class DeviceFilter(filters.FilterSet):
+class DeviceFilter(StrictFilterSet):
     namespace = filters.CharFilter(field_name="namespace__name")
     phase = filters.ChoiceFilter(choices=binder_models.Phase.choices)
     node = filters.CharFilter()
@@ -393,7 +495,7 @@ class UsageRecordListView(TenantScopedMixin, generics.ListAPIView):  # type: ign
     pagination_class = Pages
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, CSVRenderer]
 
-    def get_queryset(self) -> QuerySet[UsageRecord]:
+    def tenant_queryset(self) -> QuerySet[UsageRecord]:
         namespace = self.tenant()
         records = self.scoped_queryset().filter(namespace=namespace).order_by("start", "id")
         return queries.with_record_hours(records, timezone.now())
@@ -420,6 +522,7 @@ class UsageRecordListView(TenantScopedMixin, generics.ListAPIView):  # type: ign
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         if getattr(request.accepted_renderer, "format", None) == "csv":
+            self.paginator.check_parameters(request)  # ignored by the export, but still checked
             queryset = self.filter_queryset(self.get_queryset())
             response = StreamingHttpResponse(csv_stream(queryset), content_type="text/csv; charset=utf-8")
             stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
@@ -436,11 +539,16 @@ class DeviceListView(TenantScopedMixin, generics.ListAPIView):  # type: ignore[t
     filterset_class = DeviceFilter
     pagination_class = Pages
 
-    def get_queryset(self) -> QuerySet[binder_models.GpuDevice]:
+    def tenant_queryset(self) -> QuerySet[binder_models.GpuDevice]:
+        namespace = self.request.query_params.get("namespace")
+        if namespace:
+            self.tenant(namespace)  # another tenant's namespace: 404, as everywhere
         return self.scoped_queryset().select_related("namespace").order_by("namespace__name", "name")
 
-    @extend_schema(operation_id="devices_list", responses={200: DeviceSerializer(many=True), 400: BAD_REQUEST,
-                                                           401: UNAUTHORIZED})  # fmt: skip
+    @extend_schema(
+        operation_id="devices_list",
+        responses={200: DeviceSerializer(many=True), 400: BAD_REQUEST, 401: UNAUTHORIZED, 404: NOT_FOUND},
+    )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         return super().get(request, *args, **kwargs)
 
@@ -480,7 +588,7 @@ class DeviceDecisionsView(TenantScopedMixin, generics.ListAPIView):  # type: ign
     serializer_class = DecisionSerializer
     pagination_class = Pages
 
-    def get_queryset(self) -> QuerySet[binder_models.Decision]:
+    def tenant_queryset(self) -> QuerySet[binder_models.Decision]:
         namespace = self.tenant()
         name = self.kwargs["name"]
         decisions = (
@@ -494,7 +602,9 @@ class DeviceDecisionsView(TenantScopedMixin, generics.ListAPIView):  # type: ign
             raise NotFound(f"GPU {namespace}/{name} not found")
         return decisions  # type: ignore[no-any-return]
 
-    @extend_schema(operation_id="devices_decisions", responses={200: DecisionSerializer(many=True),
-                                                                401: UNAUTHORIZED, 404: NOT_FOUND})  # fmt: skip
+    @extend_schema(
+        operation_id="devices_decisions",
+        responses={200: DecisionSerializer(many=True), 400: BAD_REQUEST, 401: UNAUTHORIZED, 404: NOT_FOUND},
+    )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         return super().get(request, *args, **kwargs)

@@ -1,0 +1,351 @@
+"""The tenant API (SPEC §8): usage, usage records (filters, pages, CSV), devices and their
+decisions, tokens from ``issue_token``, and isolation: another tenant's namespace is 404
+on every endpoint, no credentials 401.
+
+The cluster is built from the real captures and placed by real full passes at times the
+``clock`` fixture sets, so records and decisions come from the binder, not from fixtures.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client
+from knox.models import AuthToken
+
+from binder import models
+from binder.passes import run_pass
+from binder.snapshot import load_objects
+from tests.accounts import account, token_client
+from tests.conftest import Clock
+from tests.shapes import (
+    A10,
+    H100,
+    NOW,
+    budget_obj,
+    class_obj,
+    gpu_obj,
+    launcher_obj,
+    namespace_obj,
+    node_obj,
+    plain_pod_obj,
+    vmi_obj,
+)
+from usage.models import NamespaceGrant, UsageRecord
+
+FORGED_UNITS = 3
+
+
+def two_tenants() -> list[dict[str, Any]]:
+    """t1: vm1 (2 h100 on n1, real launcher, a forged launcher with 3 GPUs) and budget;
+    t2: vm9 (1 a10 on n2) and a raw training pod."""
+    vmi = vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {"uid-real": "n1"}, "n1")
+    return [
+        namespace_obj("t1"),
+        namespace_obj("t2"),
+        class_obj("h100", H100),
+        class_obj("a10", A10),
+        node_obj("n1", {H100: 8}),
+        node_obj("n2", {A10: 4}),
+        node_obj("n3", {H100: 8}),
+        gpu_obj("t1", "vm1-gpu0", "h100", "vm1", phase="Bound", node="n1"),
+        gpu_obj("t1", "vm1-gpu1", "h100", "vm1", phase="Bound", node="n1"),
+        vmi,
+        launcher_obj(vmi, H100, 2, "n1", uid="uid-real", name="virt-launcher-vm1-real1"),
+        launcher_obj(vmi, H100, FORGED_UNITS, "n1", name="virt-launcher-vm1-fake1"),
+        budget_obj("t1", {"h100": 4, H100: 8}),
+        gpu_obj("t2", "vm9-gpu0", "a10", "vm9", phase="Bound", node="n2"),
+        plain_pod_obj("t2", "trainer", A10, 1, "n2"),
+    ]
+
+
+@pytest.fixture
+def cluster(clock: Clock) -> Clock:
+    """Load two tenants, run a pass, 2 h later move t1's set to n3, 1 h later stop there."""
+    load_objects(two_tenants())
+    run_pass("full")
+    clock.advance(hours=2)
+    node = models.Node.objects.get(name="n1")
+    node.labels = {**node.labels, "gpuplane.io/drain": "true"}
+    node.save()
+    run_pass("full")
+    clock.advance(hours=1)
+    return clock
+
+
+def get(client: Client, url: str, **params: Any) -> Any:
+    answer = client.get(url, params)
+    assert answer.status_code == 200, (url, answer.status_code, answer.content[:500])
+    return answer.json()
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_usage_current_limits_open_records_and_gpu_hours(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    body = get(client, "/api/v1/tenants/t1/usage", **{"from": (NOW - timedelta(days=1)).isoformat()})
+    assert body["namespace"] == "t1"
+    assert body["window"]["to"] == cluster.now.isoformat().replace("+00:00", "Z")
+    keys = {k["key"]: k for k in body["keys"]}
+    # Class key: the 2 devices. Raw key: the devices plus the forged pod's 3 GPUs in full;
+    # the real launcher adds nothing (its GPUs are the devices).
+    assert keys["h100"] == {"key": "h100", "kind": "class", "used": 2, "limit": 4, "remaining": 2, "gpuHours": 6.0}
+    assert keys[H100] == {"key": H100, "kind": "raw", "used": 5, "limit": 8, "remaining": 3, "gpuHours": 15.0}
+    # 3 hours: 2 devices (2 h on n1, then 1 h on n3) + the forged pod's 3 GPUs: each GPU once.
+    assert body["gpuHours"] == {"total": 15.0, "devices": 6.0, "pods": 9.0}
+    assert sorted((r["subject"], r["node"], r["units"]) for r in body["openRecords"]) == [
+        ("virt-launcher-vm1-fake1", "n1", FORGED_UNITS),
+        ("vm1-gpu0", "n3", 1),
+        ("vm1-gpu1", "n3", 1),
+    ]
+    assert all(r["open"] and r["end"] is None for r in body["openRecords"])
+
+
+@pytest.mark.django_db
+def test_usage_window_is_clipped_and_defaults_to_30_days(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    body = get(client, "/api/v1/tenants/t1/usage")
+    assert body["window"]["from"] == (cluster.now - timedelta(days=30)).isoformat().replace("+00:00", "Z")
+    assert body["gpuHours"]["total"] == 15.0
+    one_hour = get(
+        client, "/api/v1/tenants/t1/usage", **{"from": NOW.isoformat(), "to": (NOW + timedelta(hours=1)).isoformat()}
+    )
+    assert one_hour["gpuHours"] == {"total": 5.0, "devices": 2.0, "pods": 3.0}
+    as_date = get(client, "/api/v1/tenants/t1/usage", **{"from": "2026-11-30", "to": "2026-12-01"})
+    assert as_date["gpuHours"]["total"] == 15.0  # the whole history lies inside that day
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("params", "field", "words"),
+    [
+        ({"from": "yesterday"}, "from", "format"),
+        ({"to": "2026-13-01"}, "to", "format"),
+        ({"from": "2026-12-01T00:00:00Z", "to": "2026-11-01T00:00:00Z"}, "from", "before"),
+    ],
+)
+def test_bad_window_is_400_naming_the_parameter(cluster: Clock, params: dict[str, str], field: str, words: str) -> None:
+    client = token_client(account("alice", "t1"))
+    answer = client.get("/api/v1/tenants/t1/usage", params)
+    assert answer.status_code == 400
+    assert words in answer.json()[field][0].lower()
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_records_filters_and_pagination(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    url = "/api/v1/tenants/t1/usage-records"
+    everything = get(client, url)
+    assert everything["count"] == 5  # 2 closed on n1, 2 open on n3, the forged pod
+    first = everything["results"][0]
+    assert set(first) == {
+        "id", "namespace", "subjectKind", "subject", "subjectUid", "vmName", "key", "resourceName", "units", "node",
+        "phase", "start", "end", "open", "gpuHours", "openedByPass", "closedByPass",
+    }  # fmt: skip
+    closed = get(client, url, open="false")
+    assert {(r["node"], r["gpuHours"]) for r in closed["results"]} == {("n1", 2.0)}
+    assert get(client, url, subject_kind="Pod")["results"][0]["subject"] == "virt-launcher-vm1-fake1"
+    assert get(client, url, key="h100", node="n3")["count"] == 2
+    assert get(client, url, phase="Raw")["count"] == 1
+    assert get(client, url, subject="vm1-gpu0")["count"] == 2
+    assert get(client, url, vm="vm1")["count"] == 4
+    # Time range: records held at some time in [from, to).
+    late = (NOW + timedelta(hours=2, minutes=30)).isoformat()
+    assert get(client, url, **{"from": late})["count"] == 3  # the open ones
+    assert get(client, url, to=(NOW + timedelta(minutes=1)).isoformat())["count"] == 3  # opened by the first pass
+    page = get(client, url, page_size=2, page=2)
+    assert (page["count"], len(page["results"]), page["next"] is not None) == (5, 2, True)
+    bad = client.get(url, {"phase": "Running"})
+    assert bad.status_code == 400 and "phase" in bad.json()
+
+
+@pytest.mark.django_db
+def test_records_csv_export_has_every_match(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    answer = client.get("/api/v1/tenants/t1/usage-records", {"format": "csv", "key": "h100"})
+    assert answer.status_code == 200
+    assert answer["Content-Type"].startswith("text/csv")
+    assert "attachment" in answer["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    assert len(rows) == 4
+    assert {r["namespace"] for r in rows} == {"t1"}
+    assert sum(float(r["gpuHours"]) for r in rows) == pytest.approx(6.0)
+    assert sorted(r["end"] == "" for r in rows) == [False, False, True, True]
+
+
+@pytest.mark.django_db
+def test_csv_errors_are_csv_too(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    answer = client.get("/api/v1/tenants/t2/usage-records", {"format": "csv"})
+    assert answer.status_code == 404
+    assert answer.content.decode().splitlines()[0] == "error"
+
+
+# -- devices and decisions --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_devices_and_their_decision_history(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    devices = get(client, "/api/v1/devices")["results"]
+    assert [(d["namespace"], d["name"], d["phase"], d["node"]) for d in devices] == [
+        ("t1", "vm1-gpu0", "Bound", "n3"),
+        ("t1", "vm1-gpu1", "Bound", "n3"),
+    ]
+    assert "drain" in devices[0]["reason"]
+    assert get(client, "/api/v1/devices", phase="Lost")["count"] == 0
+    one = get(client, "/api/v1/devices/t1/vm1-gpu0")
+    assert one["className"] == "h100" and one["vmName"] == "vm1"
+    history = get(client, "/api/v1/devices/t1/vm1-gpu0/decisions")["results"]
+    assert len(history) == 1  # loaded Bound on n1 (no change), then moved
+    move = history[0]
+    assert (move["fromPhase"], move["fromNode"], move["toPhase"], move["toNode"]) == ("Bound", "n1", "Bound", "n3")
+    assert move["passKind"] == "full" and isinstance(move["passId"], int)
+    assert "gpuplane.io/drain=true" in move["reason"]
+    # The history outlives the device.
+    models.GpuDevice.objects.filter(name="vm1-gpu0").delete()
+    assert len(get(client, "/api/v1/devices/t1/vm1-gpu0/decisions")["results"]) == 1
+    assert client.get("/api/v1/devices/t1/vm1-gpu0").status_code == 404
+    assert client.get("/api/v1/devices/t1/never-existed/decisions").status_code == 404
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+TENANT_B_URLS = [
+    "/api/v1/tenants/t2/usage",
+    "/api/v1/tenants/t2/usage-records",
+    "/api/v1/tenants/t2/usage-records?format=csv",
+    "/api/v1/devices?namespace=t2",
+    "/api/v1/devices/t2/vm9-gpu0",
+    "/api/v1/devices/t2/vm9-gpu0/decisions",
+    "/api/v1/catalog/gpu-options?namespace=t2",
+]
+UNKNOWN_URLS = [u.replace("t2", "nosuch") for u in TENANT_B_URLS]
+
+
+@pytest.mark.django_db
+def test_tenant_a_gets_404_for_tenant_b_on_every_endpoint(cluster: Clock) -> None:
+    alice = token_client(account("alice", "t1"))
+    for url in TENANT_B_URLS:
+        answer = alice.get(url)
+        assert answer.status_code == 404, url
+    # The same answer as for a namespace that does not exist: names do not leak.
+    for theirs, nobody in zip(TENANT_B_URLS, UNKNOWN_URLS, strict=True):
+        assert alice.get(theirs).content.replace(b"t2", b"X") == alice.get(nobody).content.replace(b"nosuch", b"X")
+    # Lists never show tenant B's rows either.
+    assert {d["namespace"] for d in get(alice, "/api/v1/devices")["results"]} == {"t1"}
+    # Tenant B itself reads them; staff read both.
+    bob = token_client(account("bob", "t2"))
+    for url in TENANT_B_URLS:
+        assert bob.get(url).status_code == 200, url
+    staff = token_client(account("root", staff=True))
+    assert {d["namespace"] for d in get(staff, "/api/v1/devices")["results"]} == {"t1", "t2"}
+    assert get(staff, "/api/v1/tenants/t2/usage")["gpuHours"]["total"] == pytest.approx(6.0)  # 1 a10 + 1 raw, 3 h
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", [*TENANT_B_URLS, "/api/v1/devices"])
+def test_no_credentials_or_a_bad_token_is_401(cluster: Clock, url: str) -> None:
+    answer = Client().get(url)
+    assert answer.status_code == 401, url
+    assert answer["WWW-Authenticate"] == "Token"
+    assert Client(HTTP_AUTHORIZATION="Token gpp_nope").get(url).status_code == 401
+
+
+@pytest.mark.django_db
+def test_expired_token_is_401(cluster: Clock) -> None:
+    user = account("alice", "t1")
+    _, token = AuthToken.objects.create(user=user, expiry=timedelta(hours=1))
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    assert client.get("/api/v1/tenants/t1/usage").status_code == 200
+    cluster.advance(hours=2)
+    assert client.get("/api/v1/tenants/t1/usage").status_code == 401
+
+
+@pytest.mark.django_db
+def test_deleted_namespace_history_stays_readable(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    models.Namespace.objects.filter(name="t1").delete()
+    run_pass("full")
+    body = get(client, "/api/v1/tenants/t1/usage")
+    assert body["openRecords"] == [] and body["gpuHours"]["total"] == pytest.approx(15.0)
+    assert UsageRecord.objects.filter(namespace="t1", end__isnull=True).count() == 0
+
+
+# -- issue_token ------------------------------------------------------------------------------
+
+
+def issue(*args: str) -> list[str]:
+    out = io.StringIO()
+    call_command("issue_token", *args, stdout=out)
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.django_db
+def test_issue_token_creates_user_grants_and_prints_the_token_last(cluster: Clock) -> None:
+    lines = issue("carol", "--namespaces", "t1, t2,t1")
+    token = lines[-1]
+    assert token.startswith("gpp_") and " " not in token
+    assert "may read: t1, t2" in "\n".join(lines)
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    assert client.get("/api/v1/tenants/t2/usage").status_code == 200
+    assert client.get("/admin/").status_code == 302  # a token does not open the admin
+    # Again with --only: a second token, and t2 revoked.
+    second = issue("carol", "--namespaces", "t1", "--only", "--days", "0")
+    assert "expires: never" in "\n".join(second)
+    assert client.get("/api/v1/tenants/t2/usage").status_code == 404
+    assert Client(HTTP_AUTHORIZATION=f"Token {second[-1]}").get("/api/v1/tenants/t1/usage").status_code == 200
+    assert list(NamespaceGrant.objects.filter(user__username="carol").values_list("namespace", flat=True)) == ["t1"]
+    assert AuthToken.objects.filter(user__username="carol").count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["dave", "--namespaces", "Bad_Name"], "'Bad_Name' is not a namespace name"),
+        (["dave", "--namespaces", "t1", "--days", "-1"], "--days"),
+    ],
+)
+def test_issue_token_bad_input_is_a_clear_error_and_writes_nothing(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("issue_token", *args, stdout=io.StringIO())
+    assert not NamespaceGrant.objects.exists()
+    assert not AuthToken.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("url", "params", "field"),
+    [
+        ("/api/v1/tenants/t1/usage-records", {"phase": ""}, "phase"),
+        ("/api/v1/tenants/t1/usage-records", {"to": ""}, "to"),
+        ("/api/v1/tenants/t1/usage-records", {"open": "maybe"}, "open"),
+        ("/api/v1/tenants/t1/usage-records", {"page": "0"}, "page"),
+        ("/api/v1/tenants/t1/usage-records", {"page_size": "5000"}, "page_size"),
+        ("/api/v1/tenants/t1/usage-records", {"format": "csv", "page": "-3"}, "page"),
+        ("/api/v1/tenants/t1/usage-records", {"format": ""}, "format"),
+        ("/api/v1/tenants/t1/usage", {"from": ""}, "from"),
+        ("/api/v1/devices", {"phase": ""}, "phase"),
+    ],
+)
+def test_bad_or_empty_typed_parameter_is_400_naming_it(
+    cluster: Clock, url: str, params: dict[str, str], field: str
+) -> None:
+    client = token_client(account("alice", "t1"))
+    answer = client.get(url, params)
+    assert answer.status_code == 400, answer.content[:300]
+    if params.get("format") == "csv":
+        assert field in answer.content.decode()
+    else:
+        assert field in answer.json(), answer.json()

@@ -1,0 +1,47 @@
+"""``manage.py issue_token USERNAME --namespaces ns1,ns2``: an API token for a tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from usage.tenancy import GrantError, issue_token, parse_namespaces
+
+
+class Command(BaseCommand):
+    help = (
+        "Create the user if needed, grant it read access to the given namespaces and print a new "
+        "API token alone on the last line (send it as `Authorization: Token <token>`). Only a "
+        "digest of the token is stored: it cannot be shown again."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("username")
+        parser.add_argument("--namespaces", default="", help="comma-separated namespaces the user may read, e.g. t1,t2")
+        parser.add_argument(
+            "--only",
+            action="store_true",
+            help="the user may read exactly these namespaces afterwards (revoke other grants)",
+        )
+        parser.add_argument(
+            "--days",
+            type=int,
+            default=settings.GPUPLANE_TOKEN_DAYS,
+            help=f"days until the token expires, 0 = never (default {settings.GPUPLANE_TOKEN_DAYS})",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            namespaces = parse_namespaces(options["namespaces"])
+            issued = issue_token(options["username"], namespaces, days=options["days"], replace=options["only"])
+        except GrantError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"user {issued.username}: {'created' if issued.created_user else 'existing'}")
+        if issued.staff:
+            self.stdout.write("  staff: reads every namespace (grants do not limit staff)")
+        self.stdout.write(f"  may read: {', '.join(issued.namespaces) or '(no namespaces yet)'}")
+        self.stdout.write(f"  expires: {issued.expires.isoformat() if issued.expires else 'never'}")
+        self.stdout.write("  send it as: Authorization: Token <token>  (token on the next line)")
+        self.stdout.write(issued.token)

@@ -19,6 +19,7 @@ import yaml
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.test import Client
 from django.utils import timezone
 
 from binder import models
@@ -431,6 +432,13 @@ def test_demo_loads_places_and_creates_a_staff_login(tmp_path: Path, settings: A
     assert len(runs) == 2
     assert runs[1].devices_written == 0  # the second pass confirms the first
     assert f"devices: {models.GpuDevice.objects.filter(phase='Pending').count()} Pending" in text
+    # The printed tenant token reads its namespace and nothing else.
+    token = re.search(r"Authorization: Token (gpp_\w+)", text)
+    assert token, text
+    tenant = Client(HTTP_AUTHORIZATION=f"Token {token.group(1)}")
+    assert tenant.get("/api/v1/devices").status_code == 200
+    assert {d["namespace"] for d in tenant.get("/api/v1/devices").json()["results"]} <= {"team-vision"}
+    assert tenant.get("/admin/").status_code == 302
 
     # running it again replaces the mirror and resets the password
     again = command("demo", "--file", str(path), "--username", "demo-admin")

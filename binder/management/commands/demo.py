@@ -14,7 +14,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from binder.models import GpuDevice, PassKind, Phase
 from binder.passes import run_pass
 from binder.snapshot import SnapshotError, load_file
+from usage.tenancy import issue_token
 
+#: The demo's tenant login for the API: a token that reads this namespace only.
+DEMO_TENANT, DEMO_TENANT_USER = "team-vision", "vision"
 DEMO_FILE = Path(settings.BASE_DIR) / "deploy" / "demo" / "cluster.yaml"
 
 
@@ -53,12 +56,15 @@ class Command(BaseCommand):
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
+        tenant = issue_token(DEMO_TENANT_USER, [DEMO_TENANT], days=settings.GPUPLANE_TOKEN_DAYS, replace=True)
         host = options["addrport"]
         self.stdout.write(
             self.style.SUCCESS(
                 f"\nstaff login: {options['username']} / {password}\n"
                 f"admin:        http://{host}/admin/\n"
-                f"API schema:   http://{host}/api/schema/\n"
+                f"API docs:     http://{host}/api/docs/  (schema: /api/schema/)\n"
+                f"tenant token ({DEMO_TENANT_USER}, reads {DEMO_TENANT} only):\n"
+                f"  curl -H 'Authorization: Token {tenant.token}' http://{host}/api/v1/tenants/{DEMO_TENANT}/usage\n"
             )
         )
         if options["serve"]:

@@ -88,6 +88,32 @@ class DatabaseCollector(Collector):
         yield from self.answer_metrics()
         yield from self.device_metrics()
         yield from queue_metrics()
+        yield from self.sync_metrics()
+
+    def sync_metrics(self) -> Iterator[Metric]:
+        """Cluster mode: how fresh the mirror is, per kind (rows written by ``sync_cluster``)."""
+        rows = list(models.SyncStatus.objects.all())
+        if not rows:
+            return
+        lag = GaugeMetricFamily(
+            "gpuplane_sync_lag_seconds",
+            "Last watch event's lag from receipt to its mirror row committed, per kind.",
+            labels=["kind"],
+        )
+        events = CounterMetricFamily("gpuplane_sync_events", "Watch events applied to the mirror.", labels=["kind"])
+        relists = CounterMetricFamily("gpuplane_sync_relists", "Full lists of a kind.", labels=["kind"])
+        gone = CounterMetricFamily("gpuplane_sync_gone", "Watches that expired with 410 Gone.", labels=["kind"])
+        errors = CounterMetricFamily("gpuplane_sync_errors", "Failed lists or watches.", labels=["kind"])
+        listed = GaugeMetricFamily("gpuplane_sync_listed_objects", "Objects in the last list.", labels=["kind"])
+        for row in rows:
+            if row.lag_seconds is not None:
+                lag.add_metric([row.kind], row.lag_seconds)
+            events.add_metric([row.kind], row.events)
+            relists.add_metric([row.kind], row.relists)
+            gone.add_metric([row.kind], row.gone)
+            errors.add_metric([row.kind], row.errors)
+            listed.add_metric([row.kind], row.listed)
+        yield from (lag, events, relists, gone, errors, listed)
 
     def pass_metrics(self) -> Iterator[Metric]:
         """Passes, their set outcomes and their duration: one GROUP BY kind query."""

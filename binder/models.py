@@ -251,6 +251,10 @@ class PassRun(models.Model):
     skipped = models.CharField(max_length=128, blank=True, help_text="why the pass placed nothing")
     records_opened = models.IntegerField(default=0, help_text="usage records opened (full passes only)")
     records_closed = models.IntegerField(default=0, help_text="usage records closed (full passes only)")
+    writes_failed = models.IntegerField(
+        default=0, help_text="cluster mode: status writes the API server refused (left for the next pass)"
+    )
+    finalizers_released = models.IntegerField(default=0, help_text="cluster mode: finalizers removed after release")
 
     class Meta:
         ordering = ["-started"]
@@ -323,3 +327,34 @@ class BindAnswer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.device_name} {self.request}: {'allowed' if self.allowed else 'refused'}"
+
+
+class SyncStatus(models.Model):
+    """How ``sync_cluster`` is doing for one kind (cluster mode), for staff and ``/metrics``.
+
+    The sync runs in its own process; this row is how the web processes learn the
+    version it follows, how fresh the mirror is (the last event's lag from receipt to
+    commit), and how often it had to list again or failed.
+    """
+
+    kind = models.CharField(max_length=64, unique=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    listed = models.IntegerField(default=0, help_text="objects in the last list")
+    listed_at = models.DateTimeField(null=True, blank=True)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    lag_seconds = models.FloatField(null=True, blank=True, help_text="last event: received -> mirror row committed")
+    events = models.BigIntegerField(default=0)
+    relists = models.IntegerField(default=0)
+    gone = models.IntegerField(default=0, help_text="watches that expired with 410 Gone")
+    invalid = models.IntegerField(default=0, help_text="objects skipped because they did not parse")
+    errors = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind"]
+        verbose_name = "sync status"
+        verbose_name_plural = "sync status"
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.resource_version or '-'}"

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from usage.records import record_usage
 
-from . import models
+from . import cluster, kubeapi, models
 from .engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from .engine import types as e
 from .locking import pass_lock
@@ -47,26 +47,35 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
     """Run one pass of ``kind`` (``full`` or ``answer``) and return its record."""
     engine = ENGINES[kind]
     clock = time.perf_counter()
+    fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
-        cluster, ids = read_cluster(now)
-        result = engine(cluster)
+        if kubeapi.cluster_mode():
+            fresh = cluster.read_fresh()  # SPEC §4: devices from the API server, not a cache
+        snapshot, ids = read_cluster(now)
+        result = engine(snapshot)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
-        run = models.PassRun.objects.create(kind=kind, started=now, devices_seen=len(cluster.devices))
-        if not cluster.settings.enabled:
+        run = models.PassRun.objects.create(kind=kind, started=now, devices_seen=len(snapshot.devices))
+        if not snapshot.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
+        if fresh is not None:
+            result, run.writes_failed = cluster.write_status(result, fresh)
         write_result(run, result, ids)
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
-            written = record_usage(run.pk, now, cluster, result.devices)
+            written = record_usage(run.pk, now, snapshot, result.devices)
             run.records_opened, run.records_closed = written.opened, written.closed
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()
         if result.answered:
             notify_answers(run.pk)
+    if fresh is not None and kind == models.PassKind.FULL and fresh.deleting:
+        # After commit: the released devices' usage records are closed for good.
+        run.finalizers_released = cluster.release_finalizers(fresh)
+        run.save(update_fields=["finalizers_released"])
     log.info(
         "%s pass %s: %d devices, %d written, bound=%d moved=%d lost=%d refused=%d restored=%d,"
         " usage records +%d -%d, in %.1f ms",

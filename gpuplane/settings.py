@@ -86,7 +86,7 @@ ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,12
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "binder.admin_site.GpuplaneAdminConfig",  # django.contrib.admin with the staff pages
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -202,6 +202,14 @@ CELERY_BEAT_SCHEDULE = {
 # -- gpuplane (SPEC §9) --------------------------------------------------------------------
 GPUPLANE_CLUSTER = env_choice("GPUPLANE_CLUSTER", "standalone", ("standalone", "kubernetes"))
 GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
+#: Cluster mode: the API server's URL, when neither in-cluster config nor a kubeconfig
+#: should be used (``kubectl proxy`` at http://127.0.0.1:8001, or the tests' emulator).
+GPUPLANE_KUBE_HOST = os.environ.get("GPUPLANE_KUBE_HOST", "")
+#: Cluster mode: ``sync_cluster`` lists every kind again this often (seconds), besides
+#: watching, so a missed event is repaired within this time.
+GPUPLANE_RELIST_SECONDS = env_int("GPUPLANE_RELIST_SECONDS", 300, minimum=5)
+#: Cluster mode: how long one watch request lasts before it is renewed (seconds).
+GPUPLANE_WATCH_SECONDS = env_int("GPUPLANE_WATCH_SECONDS", 60, minimum=1)
 #: How long the VMI webhook waits for the binder's answer (seconds, fractions allowed;
 #: keep it below the webhook's timeoutSeconds, 10 by default).
 GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)

@@ -9,12 +9,14 @@ deleted device, a deleted class or a deleted namespace always gets its records c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
 
+from binder import kubeapi
 from binder import models as binder_models
 from binder.engine import types as e
 from binder.engine.launcher import VmiLookup
@@ -28,7 +30,8 @@ from binder.engine.usage import (
     reconcile_usage,
     requests_raw_gpu,
 )
-from binder.mirror import read_rows
+from binder.kube import ObjectError, parse_object
+from binder.mirror import from_parsed, read_rows
 
 from .models import UsageRecord
 
@@ -46,6 +49,7 @@ HOLDING_COLUMNS = (
     "vm_name",
 )
 _CHUNK = 5000
+log = logging.getLogger(__name__)
 _SUBJECT_KINDS = {k.value: k for k in SubjectKind}
 _RECORD_PHASES = {p.value: p for p in RecordPhase}
 
@@ -69,6 +73,8 @@ def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
     """
     wanted = {(p.namespace, p.owner_vmi) for p in pods if p.owner_vmi and requests_raw_gpu(p)}
     found: dict[tuple[str, str], e.Vmi] = {}
+    if wanted and kubeapi.cluster_mode():
+        return vmis_from_api_server(wanted)
     if wanted:
         queryset = binder_models.VirtualMachineInstance.objects.filter(
             namespace__name__in={ns for ns, _ in wanted}, name__in={name for _, name in wanted}
@@ -76,6 +82,24 @@ def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
         for vmi in read_rows("VirtualMachineInstance", queryset=queryset):
             if (vmi.namespace, vmi.name) in wanted:
                 found[(vmi.namespace, vmi.name)] = vmi
+    return found
+
+
+def vmis_from_api_server(wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], e.Vmi]:
+    """Cluster mode: GET each named VMI from the API server (a missing one is no launcher)."""
+    api = kubeapi.api()
+    found: dict[tuple[str, str], e.Vmi] = {}
+    for namespace, name in sorted(wanted):
+        obj = api.get("VirtualMachineInstance", namespace, name)
+        if obj is None:
+            continue
+        try:
+            parsed = parse_object(obj, where="from the API server")
+        except ObjectError as exc:
+            log.warning("VMI %s/%s does not parse, so it has no launcher: %s", namespace, name, exc)
+            continue
+        if parsed is not None:
+            found[(namespace, name)] = from_parsed(parsed)
     return found
 
 

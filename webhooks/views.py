@@ -31,6 +31,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from kubernetes.client import ApiException
 from rest_framework.exceptions import APIException
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
@@ -40,7 +41,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from binder import models, tasks
+from binder import kubeapi, models, tasks
+from binder.errors import describe
 from binder.mirror import engine_settings, read_rows
 from binder.passes import ANSWERS_CHANNEL
 
@@ -148,6 +150,10 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
             nonlocal committed
             committed = True
 
+        if kubeapi.cluster_mode():
+            refused = annotate_in_cluster(review, names, request_id)
+            if refused is not None:
+                return refused
         try:
             with transaction.atomic():
                 written = models.GpuDevice.objects.filter(
@@ -183,6 +189,26 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
                 seen = listener.wait(seen, min(remaining, RECHECK_SECONDS))
             else:
                 time.sleep(min(remaining, POLL_SECONDS))
+
+
+def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str) -> Verdict | None:
+    """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
+    each GPU object (SPEC §1), where the binder's fresh read finds it."""
+    api = kubeapi.api()
+    for name in names:
+        try:
+            api.annotate_bind_request(review.namespace, name, request_id)
+        except Exception as exc:  # any failure: a clear denial within the timeout, never a 500
+            if isinstance(exc, ApiException) and exc.status == 404:
+                return _changed(review)
+            log.warning("bind request on GPU %s/%s not written: %s", review.namespace, name, describe(exc))
+            return Verdict(
+                Action.DENY,
+                review.uid,
+                message=f"VMI {review.namespace}/{review.name}: the API server refused the bind request "
+                f"({describe(exc)}); try again",
+            )
+    return None
 
 
 def _changed(review: Review) -> Verdict:

@@ -1,0 +1,257 @@
+"""The one place gpuplane talks to the Kubernetes API server (cluster mode).
+
+Everything else (sync, the binder's fresh reads and status writes, finalizers, the
+webhook's bind-request annotation, fresh VMI reads for usage records) goes through
+:class:`KubeApi`, built on the official ``kubernetes`` client. Objects travel as the
+plain JSON dicts the API server sends (camelCase, as ``kubectl get -o json`` prints
+them), because that is what ``binder.kube`` parses and validates; the client's typed
+models would cost a conversion per object and a second shape to keep in step.
+
+Writes that must not overwrite someone else's change carry the ``resourceVersion``
+they were computed from (``metadata.resourceVersion`` in the merge patch): the API
+server answers 409 Conflict if the object moved on, and the caller leaves that object
+for the next pass, which reads it fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from kubernetes import client, config, watch
+
+from .kube import BIND_REQUEST_ANNOTATION, GROUP
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1alpha1"
+#: The finalizer gpuplane puts on every GPU and GPUClass (SPEC §6).
+FINALIZER = "gpuplane.io/release"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One kind gpuplane reads: where it lives in the API."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace and self.namespaced:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+RESOURCES: dict[str, Resource] = {
+    r.kind: r
+    for r in (
+        Resource("Namespace", "", "v1", "namespaces", False),
+        Resource("Node", "", "v1", "nodes", False),
+        Resource("Pod", "", "v1", "pods", True),
+        Resource("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances", True),
+        Resource("GPUClass", GROUP, VERSION, "gpuclasses", False),
+        Resource("GPU", GROUP, VERSION, "gpus", True),
+        Resource("GPUBudget", GROUP, VERSION, "gpubudgets", True),
+    )
+}
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again, then watch from the list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A list's objects (kind and apiVersion filled in) and the version to watch from."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+class KubeApi:
+    """Raw-JSON access to the kinds in :data:`RESOURCES` over an ``ApiClient``."""
+
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0) -> None:
+        self.api_client = api_client
+        self.request_timeout = request_timeout
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, Any]] | None = None,
+        body: Any = None,
+        content_type: str = "application/merge-patch+json",
+        stream: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        response = self.api_client.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=timeout if timeout is not None else self.request_timeout,
+        )
+        if stream:
+            return response
+        data = response.data
+        return json.loads(data) if data else None
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def list(self, kind: str, label_selector: str = "") -> Listing:
+        """Every object of ``kind`` cluster-wide, and the list's resourceVersion."""
+        resource = RESOURCES[kind]
+        query = [("labelSelector", label_selector)] if label_selector else []
+        body = self._call("GET", resource.path(), query=query)
+        items = [self._typed(resource, item) for item in body.get("items") or []]
+        return Listing(items, str((body.get("metadata") or {}).get("resourceVersion") or ""))
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None if it does not exist."""
+        resource = RESOURCES[kind]
+        try:
+            return self._typed(resource, self._call("GET", resource.path(namespace, name)))
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def watch(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(type, object)`` events after ``resource_version``; raises :class:`Gone` on 410.
+
+        Ends after ``timeout_seconds`` (the server closes the stream); the caller
+        watches again from the last version it saw.
+        """
+        resource = RESOURCES[kind]
+
+        def raw_list(**kwargs: Any) -> Any:
+            query = [("watch", "true"), ("allowWatchBookmarks", "true")]
+            if kwargs.get("resource_version"):
+                query.append(("resourceVersion", kwargs["resource_version"]))
+            if kwargs.get("timeout_seconds"):
+                query.append(("timeoutSeconds", kwargs["timeout_seconds"]))
+            return self._call("GET", resource.path(), query=query, stream=True, timeout=timeout_seconds + 10)
+
+        watcher = watch.Watch()
+        try:
+            for event in watcher.stream(raw_list, resource_version=resource_version, timeout_seconds=timeout_seconds):
+                kind_of_event = event["type"]
+                obj = event.get("raw_object") or event.get("object")
+                if kind_of_event == "BOOKMARK":
+                    yield kind_of_event, obj
+                    continue
+                yield kind_of_event, self._typed(resource, obj)
+        except client.ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+            raise
+        finally:
+            watcher.stop()
+
+    @staticmethod
+    def _typed(resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object with ``kind`` and ``apiVersion``: list items of built-in kinds lack them."""
+        typed = dict(obj)
+        typed.setdefault("kind", resource.kind)
+        typed.setdefault("apiVersion", resource.api_version)
+        return typed
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def patch_status(
+        self, kind: str, namespace: str, name: str, status: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Merge ``status`` through the status subresource, only if still at ``resource_version``."""
+        resource = RESOURCES[kind]
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self._typed(resource, self._call("PATCH", resource.path(namespace, name, "status"), body=body))
+
+    def set_finalizers(self, kind: str, namespace: str, name: str, finalizers: list[str], resource_version: str) -> Any:
+        """Replace ``metadata.finalizers``, only if still at ``resource_version``."""
+        resource = RESOURCES[kind]
+        body = {"metadata": {"finalizers": finalizers or None, "resourceVersion": resource_version}}
+        return self._call("PATCH", resource.path(namespace, name), body=body)
+
+    def annotate_bind_request(self, namespace: str, name: str, request_id: str) -> Any:
+        """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation (SPEC §1)."""
+        body = {"metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id}}}
+        return self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body)
+
+
+def with_finalizer(obj: Mapping[str, Any]) -> list[str] | None:
+    """The finalizers ``obj`` should have, or None if it already has them (or is going)."""
+    meta = obj.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if meta.get("deletionTimestamp") or FINALIZER in finalizers:
+        return None
+    return [*finalizers, FINALIZER]
+
+
+def without_finalizer(obj: Mapping[str, Any]) -> list[str]:
+    return [f for f in (obj.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
+
+
+def is_deleting(obj: Mapping[str, Any]) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+_override: KubeApi | None = None
+
+
+def use(api: KubeApi | None) -> None:
+    """Point gpuplane at a given API (tests: the emulator); None goes back to the settings."""
+    global _override
+    _override = api
+    connect.cache_clear()
+
+
+@cache
+def connect() -> KubeApi:
+    """The API server of ``GPUPLANE_KUBE_HOST`` (tests, proxies), else in-cluster config,
+    else the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``)."""
+    configuration = client.Configuration()
+    if settings.GPUPLANE_KUBE_HOST:
+        configuration.host = settings.GPUPLANE_KUBE_HOST
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    return KubeApi(client.ApiClient(configuration))
+
+
+def api() -> KubeApi:
+    return _override if _override is not None else connect()
+
+
+def cluster_mode() -> bool:
+    return bool(settings.GPUPLANE_CLUSTER == "kubernetes")

@@ -1,0 +1,328 @@
+"""Cluster mode: keep the mirror in step with the API server by listing, then watching.
+
+The mirror (``binder.models``) is what the admin, the API, the webhook's advisory
+check and the catalog read, so in cluster mode it must follow the cluster closely.
+Each mirrored kind runs the loop every Kubernetes controller runs (client-go's
+reflector, kopf's watcher): **list** everything and replace that kind's rows with it,
+then **watch** from the list's resourceVersion and apply each event; on **410 Gone**
+(the version was compacted away) list again; and list again every
+``GPUPLANE_RELIST_SECONDS`` anyway, so an event lost in transit is repaired. Every
+change queues a full pass (collapsed, ``binder.tasks``).
+
+What is kept: GPU and GPUClass objects that are being deleted count as gone (their
+units are released by the next pass, which then removes the finalizer, SPEC §6);
+pods only while they request a GPU resource. An object that does not parse is logged
+with the reason and skipped; it does not stop the others.
+
+Progress and health go to ``SyncStatus`` (one row per kind: version, counts, lag from
+receiving an event to its row being committed, relists, 410s, last error), which
+``/metrics`` exports.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import kubeapi, models
+from .errors import describe, is_transient
+from .kube import ObjectError, parse_object
+from .snapshot import load_objects
+
+log = logging.getLogger(__name__)
+
+#: Kinds in the order the first list goes: namespaces before what lives in them.
+SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
+
+MODELS: dict[str, Any] = {
+    "Namespace": models.Namespace,
+    "Node": models.Node,
+    "GPUClass": models.GpuClass,
+    "GPU": models.GpuDevice,
+    "GPUBudget": models.GpuBudget,
+    "VirtualMachineInstance": models.VirtualMachineInstance,
+    "Pod": models.Pod,
+}
+#: Kinds whose deletion waits on gpuplane's finalizer: while deleting they count as gone.
+RELEASED_BY_BINDER = {"GPU", "GPUClass"}
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one list or event changed in the mirror."""
+
+    upserted: int = 0
+    deleted: int = 0
+    invalid: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.upserted or self.deleted)
+
+
+def queue_full_pass() -> None:
+    """Queue a full pass after commit (imported late: the binder's pass imports this module)."""
+    from .tasks import queue_full_pass as queue
+
+    if settings.GPUPLANE_AUTO_PASS:
+        queue()
+
+
+def _key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or "") if kubeapi.RESOURCES[kind].namespaced else "", str(meta.get("name")))
+
+
+def kept(kind: str, obj: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(valid, keep)``: does ``obj`` parse, and does the mirror keep a row for it?"""
+    try:
+        parsed = parse_object(obj, where="from the API server")
+    except ObjectError as exc:
+        log.warning("sync: skipping an invalid %s: %s", kind, exc)
+        return False, False
+    if parsed is None:
+        return True, False
+    if kind in RELEASED_BY_BINDER and kubeapi.is_deleting(obj):
+        return True, False
+    if kind == "Pod" and not parsed.values.get("gpu_requests"):
+        return True, False
+    return True, True
+
+
+def _rows(kind: str) -> Any:
+    model = MODELS[kind]
+    if kubeapi.RESOURCES[kind].namespaced:
+        return model.objects.values_list("id", "namespace__name", "name")
+    return model.objects.annotate(ns=F("name")).values_list("id", "name", "name")
+
+
+def mirror_list(
+    kind: str,
+    items: Iterable[Mapping[str, Any]],
+    progress: Callable[[int], None] | None = None,
+    *,
+    queue: bool = True,
+) -> Applied:
+    """Make the mirror's rows of ``kind`` exactly the listed objects (one transaction).
+
+    A change queues a full pass, unless ``queue`` is false (the pass's own fresh read).
+    """
+    keep: list[Mapping[str, Any]] = []
+    invalid = 0
+    for obj in items:
+        valid, wanted = kept(kind, obj)
+        invalid += not valid
+        if wanted:
+            keep.append(obj)
+        if progress is not None:
+            progress(1)
+    wanted_keys = {_key(kind, obj) for obj in keep}
+    with transaction.atomic():
+        if keep:
+            load_objects(keep)
+        namespaced = kubeapi.RESOURCES[kind].namespaced
+        stale = [
+            row_id
+            for row_id, ns, name in _rows(kind)
+            if ((ns if namespaced else ""), name) not in wanted_keys
+        ]
+        for start in range(0, len(stale), 1000):
+            MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
+        applied = Applied(upserted=len(keep), deleted=len(stale), invalid=invalid)
+        if applied.changed and queue:
+            queue_full_pass()
+    return applied
+
+
+def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
+    """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
+    valid, wanted = kept(kind, obj) if event_type != "DELETED" else (True, False)
+    with transaction.atomic():
+        if wanted:
+            load_objects([obj])
+            applied = Applied(upserted=1)
+        else:
+            ns, name = _key(kind, obj)
+            rows = MODELS[kind].objects.filter(name=name)
+            if kubeapi.RESOURCES[kind].namespaced:
+                rows = rows.filter(namespace__name=ns)
+            deleted, _ = rows.delete()
+            applied = Applied(deleted=int(bool(deleted)), invalid=int(not valid))
+        if applied.changed:
+            queue_full_pass()
+    return applied
+
+
+def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
+    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
+
+    Written with the object's resourceVersion: on a conflict the object changed and
+    its next event brings it back here.
+    """
+    finalizers = kubeapi.with_finalizer(obj)
+    if finalizers is None or kind not in RELEASED_BY_BINDER:
+        return
+    meta = obj.get("metadata") or {}
+    try:
+        kubeapi.api().set_finalizers(
+            kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
+        )
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        log.info("sync: finalizer on %s %s left for its next event: %s", kind, meta.get("name"), describe(exc))
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+def record_status(kind: str, *, add: Mapping[str, int] | None = None, **values: Any) -> None:
+    """Set ``values`` and add ``add`` to the counters of ``kind``'s ``SyncStatus`` row."""
+    status, _ = models.SyncStatus.objects.get_or_create(kind=kind)
+    increments = {name: F(name) + n for name, n in (add or {}).items()}
+    models.SyncStatus.objects.filter(pk=status.pk).update(**values, **increments, updated=timezone.now())
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+class KindSync:
+    """List, then watch one kind until ``stop`` is set (one thread per kind)."""
+
+    def __init__(
+        self,
+        kind: str,
+        stop: threading.Event,
+        *,
+        relist_seconds: float,
+        watch_seconds: int,
+        backoff: float = 1.0,
+    ) -> None:
+        self.kind = kind
+        self.stop = stop
+        self.relist_seconds = relist_seconds
+        self.watch_seconds = watch_seconds
+        self.backoff = backoff
+        self.resource_version = ""
+
+    def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
+        listing = kubeapi.api().list(self.kind)
+        applied = mirror_list(self.kind, listing.items, progress)
+        for obj in listing.items:
+            add_finalizer(self.kind, obj)
+        self.resource_version = listing.resource_version
+        record_status(
+            self.kind,
+            resource_version=listing.resource_version,
+            listed=len(listing.items),
+            listed_at=timezone.now(),
+            add={"relists": 1, "invalid": applied.invalid},
+        )
+        log.info(
+            "sync: listed %d %s at version %s (%d kept, %d rows removed, %d invalid)",
+            len(listing.items),
+            self.kind,
+            listing.resource_version,
+            applied.upserted,
+            applied.deleted,
+            applied.invalid,
+        )
+        return applied
+
+    def watch_until(self, deadline: float) -> None:
+        """Watch from the current version until ``deadline``, ``stop``, or a 410."""
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            timeout = max(1, min(self.watch_seconds, int(deadline - time.monotonic()) + 1))
+            for event_type, obj in kubeapi.api().watch(self.kind, self.resource_version, timeout):
+                received = time.monotonic()
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or self.resource_version)
+                if event_type == "BOOKMARK":
+                    self.resource_version = version
+                    continue
+                if event_type == "ERROR":
+                    raise kubeapi.Gone(str(obj))
+                mirror_event(self.kind, event_type, obj)
+                if event_type != "DELETED":
+                    add_finalizer(self.kind, obj)
+                self.resource_version = version
+                lag = time.monotonic() - received
+                record_status(
+                    self.kind,
+                    resource_version=version,
+                    last_event_at=timezone.now(),
+                    lag_seconds=lag,
+                    add={"events": 1},
+                )
+                if self.stop.is_set():
+                    return
+
+    def run(self) -> None:
+        """List when there is no version to watch from (start, 410, error) or a relist is
+        due, else watch; until ``stop``."""
+        failures = 0
+        relist_due = time.monotonic() if not self.resource_version else time.monotonic() + self.relist_seconds
+        while not self.stop.is_set():
+            try:
+                if not self.resource_version or time.monotonic() >= relist_due:
+                    self.relist()
+                    relist_due = time.monotonic() + self.relist_seconds
+                self.watch_until(relist_due)
+                failures = 0
+            except kubeapi.Gone as exc:
+                log.info("sync: %s watch expired (%s): listing again", self.kind, exc)
+                self.resource_version = ""
+                record_status(self.kind, add={"gone": 1})
+            except Exception as exc:
+                failures += 1
+                self.resource_version = ""
+                transient = is_transient(exc)
+                delay = min(60.0, self.backoff * 2**failures)
+                log.log(
+                    logging.WARNING if transient else logging.ERROR,
+                    "sync: %s failed (%s, %s); listing again in %.0f s",
+                    self.kind,
+                    describe(exc),
+                    "transient" if transient else "permanent",
+                    delay,
+                )
+                try:
+                    record_status(self.kind, last_error=describe(exc)[:500], add={"errors": 1})
+                except Exception:  # noqa: S110 - the database may be the failure; the log has it
+                    pass
+                close_old_connections()
+                self.stop.wait(delay)
+        connection.close()
+
+
+def sync_once(progress_for: Callable[[str], Callable[[int], None] | None] | None = None) -> dict[str, Applied]:
+    """List every kind once, in :data:`SYNC_ORDER` (``sync_cluster --once``, tests).
+
+    ``progress_for(kind)`` may return a callback told of each object mirrored.
+    """
+    stop = threading.Event()
+    return {
+        kind: KindSync(kind, stop, relist_seconds=0, watch_seconds=1).relist(
+            progress_for(kind) if progress_for is not None else None
+        )
+        for kind in SYNC_ORDER
+    }
+
+
+def run_forever(stop: threading.Event, *, relist_seconds: float, watch_seconds: int) -> list[threading.Thread]:
+    """Start one syncing thread per kind; they run until ``stop`` is set."""
+    threads = []
+    for kind in SYNC_ORDER:
+        runner = KindSync(kind, stop, relist_seconds=relist_seconds, watch_seconds=watch_seconds)
+        thread = threading.Thread(target=runner.run, name=f"sync-{kind}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads

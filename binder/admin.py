@@ -18,17 +18,18 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from . import models
+from .actions import full_pass_now, retry_lost_set
 from .engine import ledger_for
 from .mirror import read_cluster
-from .tasks import queue_full_pass
 
 
 @admin.action(description="Run a full pass now")
 def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:  # type: ignore[type-arg]
-    queue_full_pass()
-    modeladmin.message_user(request, "Queued a full pass.", messages.SUCCESS)
+    outcome = full_pass_now()
+    modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
 
 
 @admin.register(models.Namespace)
@@ -106,11 +107,24 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="why is this GPU here?")
     def decision_history(self, obj: models.GpuDevice) -> str:
+        if obj.pk is None:
+            return "-"
+        log = reverse("admin:decisions")
+        links = format_html(
+            '<p><a class="decision-log-device" href="{}?{}">decision log of this device</a> · '
+            '<a class="decision-log-set" href="{}?{}">of its set (VM {})</a></p>',
+            log,
+            urlencode({"namespace": obj.namespace.name, "device": obj.name}),
+            log,
+            urlencode({"namespace": obj.namespace.name, "vm": obj.vm_name}),
+            obj.vm_name,
+        )
         rows = models.Decision.objects.filter(namespace=obj.namespace.name, device_name=obj.name)[:50]
         if not rows:
-            return "no placement changes recorded"
+            return format_html("{}no placement changes recorded", links)
         return format_html(
-            "<table><tr><th>when</th><th>pass</th><th>from</th><th>to</th><th>reason</th></tr>{}</table>",
+            "{}<table><tr><th>when</th><th>pass</th><th>from</th><th>to</th><th>reason</th></tr>{}</table>",
+            links,
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{} {}</td><td>{}</td></tr>",
@@ -226,9 +240,13 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if request.method == "POST":
             if not self.has_change_permission(request):
                 raise PermissionDenied
-            if request.POST.get("retry"):
-                queue_full_pass()
-                self.message_user(request, f"Queued a full pass to retry {request.POST['retry']}.", messages.SUCCESS)
+            namespace, _, vm = request.POST.get("retry", "").partition("/")
+            if namespace and vm:
+                outcome = retry_lost_set(namespace, vm)
+                level = messages.ERROR if outcome.outcome.error else messages.SUCCESS
+                self.message_user(request, outcome.message, level)
+            else:
+                self.message_user(request, "Say which set to retry: namespace/VM.", messages.ERROR)
             # Post/redirect/get: reloading the page must not queue another pass.
             return HttpResponseRedirect(request.get_full_path())
         lost = models.GpuDevice.objects.filter(phase=models.Phase.LOST).select_related("namespace")
@@ -255,6 +273,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "vmi_node": vmi.node if vmi else "",
                     "device_url": reverse("admin:binder_gpudevice_changelist")
                     + f"?phase__exact=Lost&namespace__id__exact={devices[0].namespace_id}&q={vm}",
+                    "decisions_url": reverse("admin:decisions") + "?" + urlencode({"namespace": namespace, "vm": vm}),
                 }
             )
         context = {

@@ -195,7 +195,7 @@ def test_run_full_pass_action(
             follow=True,
         )
     assert response.status_code == 200
-    assert "Queued a full pass." in response.content.decode()
+    assert "Queued a full pass" in response.content.decode()
     assert models.PassRun.objects.count() == passes + 1
 
 

@@ -1,0 +1,248 @@
+"""The staff pages of the admin site: thin views over the domain functions.
+
+Each view checks the model permission its page reads (staff without it get 403, like
+any admin page; non-staff never get here: ``AdminSite.admin_view`` sends them to the
+login), parses its parameters into a clear message when they are bad (HTTP 400, never
+a 500), calls one domain function (``binder.board``, ``binder.budgets``,
+``binder.history``, ``binder.actions``, ``usage.daily``) and renders a template under
+``templates/admin/gpuplane/``.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import date, timedelta
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.admin import AdminSite
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET
+
+from usage.daily import MAX_DAYS, daily_gpu_hours, stacked_bars
+from usage.models import UsageRecord
+from usage.queries import namespace_known
+
+from . import models
+from .actions import full_pass_now
+from .board import BoardFilterError, Filters, build_board
+from .budgets import budget_bars
+from .history import HistoryQueryError, decision_log
+from .mirror import read_cluster
+from .palette import categorical, tenant_colour
+
+#: Default usage-chart window: the last two weeks, today included.
+DEFAULT_CHART_DAYS = 14
+
+
+def _require(request: HttpRequest, *perms: str) -> None:
+    if not request.user.has_perms(perms):
+        raise PermissionDenied
+
+
+def _render(
+    request: HttpRequest, site: AdminSite, template: str, title: str, status: int = 200, **context: Any
+) -> TemplateResponse:
+    return TemplateResponse(
+        request,
+        f"admin/gpuplane/{template}",
+        {**site.each_context(request), "title": title, **context},
+        status=status,
+    )
+
+
+def _namespaces() -> list[str]:
+    return list(models.Namespace.objects.values_list("name", flat=True))
+
+
+@require_GET
+def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """Nodes × units, coloured by tenant; ``?class=`` and ``?tenant=`` narrow it."""
+    _require(request, "binder.view_gpudevice", "binder.view_node")
+    filters = Filters(class_name=request.GET.get("class", "").strip(), tenant=request.GET.get("tenant", "").strip())
+    cluster, ids = read_cluster(timezone.now())
+    try:
+        board = build_board(
+            cluster,
+            ids,
+            filters,
+            device_url=reverse("admin:binder_gpudevice_changelist"),
+            pod_url=reverse("admin:binder_pod_changelist"),
+            namespaces=_namespaces(),
+        )
+    except BoardFilterError as exc:
+        return _render(
+            request,
+            site,
+            "placement_board.html",
+            "Placement board",
+            status=400,
+            error=str(exc),
+            classes=sorted(c.name for c in cluster.classes),
+            filters=filters,
+        )
+    return _render(
+        request,
+        site,
+        "placement_board.html",
+        "Placement board",
+        is_nav_sidebar_enabled=False,  # the board needs the width
+        board=board,
+        filters=filters,
+        classes=board.classes,
+        tenants=board.tenants,
+        colours=[(item.css, item.colour) for item in board.legend],
+        grace=settings.GPUPLANE_NODE_GRACE_SECONDS,
+    )
+
+
+@require_GET
+def budgets(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """Usage against limit per tenant and key (class keys and raw keys)."""
+    _require(request, "binder.view_gpubudget")
+    cluster, _ = read_cluster(timezone.now())
+    return _render(
+        request,
+        site,
+        "budgets.html",
+        "Budgets",
+        tenants=budget_bars(cluster, _namespaces()),
+        default_budget=cluster.settings.default_budget.value,
+    )
+
+
+class ChartForm(forms.Form):
+    """The usage chart's parameters: a window of whole UTC days, a tenant, a class."""
+
+    def __init__(self, *args: Any, today: date, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.today = today
+        self.fields["from"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
+        self.fields["to"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
+        self.fields["tenant"] = forms.CharField(required=False, max_length=63)
+        self.fields["class"] = forms.CharField(required=False, max_length=253)
+        self.fields["format"] = forms.ChoiceField(required=False, choices=[("", "page"), ("csv", "CSV")])
+        for name in ("from", "to"):
+            self.fields[name].error_messages["invalid"] = f"'{name}' must be a date as YYYY-MM-DD"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        last = data.get("to") or self.today
+        first = data.get("from") or last - timedelta(days=DEFAULT_CHART_DAYS - 1)
+        if first > last:
+            raise forms.ValidationError(f"'from' ({first}) must not be after 'to' ({last})")
+        if (last - first).days + 1 > MAX_DAYS:
+            raise forms.ValidationError(
+                f"the window may cover at most {MAX_DAYS} days; this one has {(last - first).days + 1}"
+            )
+        tenant = data.get("tenant", "").strip()
+        if tenant and not namespace_known(tenant):
+            self.add_error("tenant", f"unknown tenant {tenant!r}: no namespace or usage record has that name")
+        key = data.get("class", "").strip()
+        if key and not (
+            models.GpuClass.objects.filter(name=key).exists() or UsageRecord.objects.filter(key=key).exists()
+        ):
+            self.add_error("class", f"unknown class {key!r}: no GPU class or usage record has that key")
+        data.update({"from": first, "to": last, "tenant": tenant, "class": key})
+        return data
+
+
+@require_GET
+def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """GPU-hours per day per tenant and per class, as SVG bars; ``?format=csv`` exports them."""
+    _require(request, "usage.view_usagerecord")
+    now = timezone.now()
+    form = ChartForm(request.GET, today=now.date())
+    wants_csv = request.GET.get("format") == "csv"
+    if not form.is_valid():
+        problems = [
+            f"{field if field != '__all__' else 'window'}: {e}" for field, errs in form.errors.items() for e in errs
+        ]
+        if wants_csv:
+            return HttpResponse("error\n" + "".join(f'"{p}"\n' for p in problems), status=400, content_type="text/csv")
+        return _render(request, site, "usage_chart.html", "Usage chart", status=400, errors=problems, form=form)
+    params = form.cleaned_data
+    daily = daily_gpu_hours(params["from"], params["to"], now, namespace=params["tenant"], key=params["class"])
+    if wants_csv:
+        return _csv(daily.rows(), f"gpu-hours-{daily.first}-{daily.last}.csv")
+    days = daily.days
+    by_tenant = daily.by("tenant")
+    by_key = daily.by("key")
+    charts = [
+        (
+            "tenant",
+            "GPU-hours per day per tenant",
+            stacked_bars(days, by_tenant, {t: tenant_colour(t) for t in by_tenant}),
+        ),
+        (
+            "class",
+            "GPU-hours per day per class (raw keys: pods' raw usage)",
+            stacked_bars(days, by_key, {k: categorical(i) for i, k in enumerate(by_key)}),
+        ),
+    ]
+    query = request.GET.copy()
+    query["format"] = "csv"
+    return _render(
+        request,
+        site,
+        "usage_chart.html",
+        "Usage chart",
+        is_nav_sidebar_enabled=False,
+        form=form,
+        params=params,
+        charts=charts,
+        total=daily.total,
+        csv_url=f"{request.path}?{query.urlencode()}",
+        tenants=sorted(set(_namespaces()) | set(by_tenant)),
+        classes=sorted(set(models.GpuClass.objects.values_list("name", flat=True)) | set(by_key)),
+    )
+
+
+def _csv(rows: list[tuple[date, str, str, float]], filename: str) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    writer = csv.writer(response)
+    writer.writerow(["day", "tenant", "class", "gpu_hours"])
+    for day, namespace, key, hours in rows:
+        writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}"])
+    return response
+
+
+@require_GET
+def decisions(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """Every placement change of a set (``?namespace=&vm=``) or a device (``&device=``)."""
+    _require(request, "binder.view_decision")
+    try:
+        log = decision_log(
+            request.GET.get("namespace", "").strip(),
+            vm=request.GET.get("vm", "").strip(),
+            device=request.GET.get("device", "").strip(),
+        )
+    except HistoryQueryError as exc:
+        return _render(request, site, "decisions.html", "Decision log", status=400, error=str(exc))
+    return _render(request, site, "decisions.html", f"Decision log of {log.subject}", log=log)
+
+
+def run_pass(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """POST: queue a full pass through the binder queue and report what came of it."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    _require(request, "binder.add_passrun")
+    outcome = full_pass_now()
+    level = messages.ERROR if outcome.error else messages.SUCCESS
+    messages.add_message(request, level, outcome.message)
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = reverse("admin:placement-board")
+    return HttpResponseRedirect(target)

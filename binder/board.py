@@ -1,0 +1,329 @@
+"""The placement board: every node, every unit of every GPU resource, and who holds it.
+
+Staff ask "where is every GPU?" of clusters with a thousand nodes, so the board is built
+from one snapshot of the mirror (``read_cluster``: a fixed number of queries, however
+many nodes) and the engine's one ledger, never from per-node queries. Who books a unit
+is the engine's answer too: devices Bound on the node, and pods' raw usage for
+capacity as the shared launcher reader (``binder.engine.launcher``) decides it, so the
+board always adds up to the booked figures the binder placed by.
+
+The cells are rendered to HTML here, in Python, rather than in a template loop: a
+thousand nodes are tens of thousands of cells, and string building is an order of
+magnitude faster than the template engine for that.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from html import escape
+
+from django.utils.safestring import SafeString, mark_safe
+
+from .engine import ledger_for
+from .engine import types as e
+from .engine.launcher import launcher_of, raw_usage
+from .palette import tenant_colour
+
+
+class BoardFilterError(ValueError):
+    """A filter names something the cluster does not have (shown to staff, never a 500)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What the board is narrowed to: a class (its resource) and/or a tenant."""
+
+    class_name: str = ""
+    tenant: str = ""
+
+
+@dataclass(slots=True)
+class Strip:
+    """One GPU resource of one node: a cell per unit (``max(allocatable, booked)`` cells)."""
+
+    resource: str
+    label: str
+    allocatable: int
+    booked: int
+    free: int
+    cells: SafeString
+    over_booked: bool = False
+
+
+@dataclass(slots=True)
+class Row:
+    """One node: its markers (cordoned, draining, NotReady, over-booked, deleted) and strips."""
+
+    node: str
+    markers: list[tuple[str, str]]
+    strips: list[Strip]
+    css: str = ""
+
+
+@dataclass(slots=True)
+class LostSetCells:
+    """A Lost set: on no node, so drawn apart, one cell per unit it still holds in budgets."""
+
+    namespace: str
+    vm: str
+    devices: int
+    units: int
+    since: datetime | None
+    reason: str
+    cells: SafeString
+
+
+@dataclass(slots=True)
+class Legend:
+    """A tenant on the board: its colour class and the units it books on the shown nodes."""
+
+    namespace: str
+    css: str
+    colour: str
+    units: int = 0
+    lost_units: int = 0
+
+
+@dataclass(slots=True)
+class Board:
+    """Everything the board page shows, built from one snapshot."""
+
+    rows: list[Row]
+    legend: list[Legend]
+    lost: list[LostSetCells]
+    filters: Filters
+    classes: list[str]
+    tenants: list[str]
+    resources: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """resource -> (allocatable, booked, free) summed over the shown rows."""
+    nodes_total: int = 0
+    cells: int = 0
+    pending_devices: int = 0
+
+
+def _title(*lines: str) -> str:
+    return escape("\n".join(line for line in lines if line), quote=True)
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else "-"
+
+
+def build_board(
+    cluster: e.Cluster,
+    ids: dict[tuple[str, str], int],
+    filters: Filters,
+    *,
+    device_url: str,
+    pod_url: str,
+    namespaces: list[str] | None = None,
+) -> Board:
+    """The board of ``cluster`` narrowed by ``filters``.
+
+    ``ids`` maps (namespace, device name) to the device's row id (as ``read_cluster``
+    returns it); ``device_url`` is the device admin's URL prefix (``…/gpudevice/``) and
+    ``pod_url`` the pod changelist. Raises :class:`BoardFilterError` for an unknown
+    class or tenant.
+    """
+    classes = {c.name: c for c in cluster.classes}
+    tenants = sorted(
+        set(namespaces or ()) | {d.namespace for d in cluster.devices} | {p.namespace for p in cluster.pods}
+    )
+    if filters.class_name and filters.class_name not in classes:
+        known = ", ".join(sorted(classes)) or "none"
+        raise BoardFilterError(f"unknown class {filters.class_name!r}; the classes are: {known}")
+    if filters.tenant and filters.tenant not in tenants:
+        raise BoardFilterError(f"unknown tenant {filters.tenant!r}: no namespace, device or pod has that name")
+
+    ledger = ledger_for(cluster)
+    nodes = {n.name: n for n in cluster.nodes}
+    vmis = {(v.namespace, v.name): v for v in cluster.vmis}
+
+    def find_vmi(namespace: str, name: str) -> e.Vmi | None:
+        return vmis.get((namespace, name))
+
+    only_resource = classes[filters.class_name].resource_name if filters.class_name else ""
+    class_resources: dict[str, list[str]] = defaultdict(list)
+    for cls in sorted(classes.values(), key=lambda c: c.name):
+        class_resources[cls.resource_name].append(cls.name)
+
+    # Who books each unit: devices Bound on the node, then pods' raw usage for capacity.
+    device_units: dict[str, dict[str, list[tuple[e.Device, int]]]] = defaultdict(lambda: defaultdict(list))
+    for device in sorted(cluster.devices, key=lambda d: (d.namespace, d.vm_name, d.name)):
+        cls = classes.get(device.class_name)
+        if cls is not None and device.phase is e.Phase.BOUND and device.node:
+            device_units[device.node][cls.resource_name].append((device, cls.units_per_device))
+    pod_units: dict[str, dict[str, list[tuple[e.Pod, int, e.Vmi | None]]]] = defaultdict(lambda: defaultdict(list))
+    for pod in sorted(cluster.pods, key=lambda p: (p.namespace, p.name)):
+        if not pod.node:
+            continue
+        launcher = launcher_of(pod, find_vmi)
+        members = ledger.devices((launcher.namespace, launcher.name)) if launcher else ()
+        for resource, units in raw_usage(pod, launcher, members, classes).capacity.items():
+            pod_units[pod.node][resource].append((pod, units, launcher))
+
+    css = {ns: f"t{i}" for i, ns in enumerate(tenants)}
+    legend = {ns: Legend(ns, css[ns], tenant_colour(ns)) for ns in tenants}
+    wanted = filters.tenant
+
+    def tenant_css(namespace: str) -> str:
+        return css[namespace] if not wanted or namespace == wanted else "o"
+
+    rows: list[Row] = []
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    cell_count = 0
+    node_names = sorted(set(nodes) | {n for n, booked in ledger.booked.items() if n and any(booked.values())})
+    for name in node_names:
+        node = nodes.get(name)
+        allocatable = node.allocatable if node else {}
+        booked = ledger.booked.get(name, {})
+        resources = {r for r in allocatable if r in class_resources and allocatable[r] > 0}
+        resources |= {r for r, units in booked.items() if units > 0}
+        if only_resource:
+            resources &= {only_resource}
+        if not resources:
+            continue
+        holders = {d.namespace for r in resources for d, _ in device_units[name][r]}
+        holders |= {p.namespace for r in resources for p, _, _ in pod_units[name][r]}
+        if wanted and wanted not in holders:
+            continue
+        strips = []
+        for resource in sorted(resources):
+            alloc = allocatable.get(resource, 0)
+            used = booked.get(resource, 0)
+            parts: list[str] = []
+            index = 0
+
+            def mark(i: int, alloc: int = alloc) -> str:
+                return " ob" if i >= alloc else ""
+
+            for device, units in device_units[name][resource]:
+                pk = ids.get(device.key)
+                href = f"{device_url}{pk}/change/" if pk else device_url
+                title = _title(
+                    f"device {device.namespace}/{device.name}",
+                    f"VM {device.vm_name} · tenant {device.namespace} · class {device.class_name}",
+                    f"{device.phase.value} on {name} since {_when(device.since)}",
+                    f"reason: {device.reason}",
+                )
+                tcss = tenant_css(device.namespace)
+                data_set = escape(f"{device.namespace}/{device.vm_name}", quote=True)
+                for _ in range(units):
+                    parts.append(
+                        f'<a class="u {tcss}{mark(index)}" href="{href}" data-set="{data_set}" title="{title}"></a>'
+                    )
+                    index += 1
+                if not wanted or device.namespace == wanted:
+                    legend[device.namespace].units += units
+            for pod, units, launcher in pod_units[name][resource]:
+                why = (
+                    f"launcher of VMI {launcher.name}: requests units its devices do not hold on this node"
+                    if launcher
+                    else "not a VMI's launcher: its whole request is raw usage"
+                )
+                title = _title(
+                    f"pod {pod.namespace}/{pod.name} ({units} raw {resource})",
+                    f"VM {launcher.name if launcher else '-'} · tenant {pod.namespace}",
+                    f"reason: {why}",
+                )
+                href = escape(f"{pod_url}?q={pod.name}", quote=True)
+                tcss = tenant_css(pod.namespace)
+                for _ in range(units):
+                    parts.append(f'<a class="u p {tcss}{mark(index)}" href="{href}" title="{title}"></a>')
+                    index += 1
+                if not wanted or pod.namespace == wanted:
+                    legend[pod.namespace].units += units
+            while index < alloc:
+                parts.append('<i class="u"></i>')
+                index += 1
+            cell_count += index
+            label = ", ".join(class_resources.get(resource, ())) or resource.rsplit("/", 1)[-1]
+            strips.append(
+                Strip(
+                    resource=resource,
+                    label=label,
+                    allocatable=alloc,
+                    booked=used,
+                    free=alloc - used,
+                    cells=mark_safe("".join(parts)),  # noqa: S308 - every value above is escaped
+                    over_booked=used > alloc,
+                )
+            )
+            total = totals[resource]
+            total[0] += alloc
+            total[1] += used
+            total[2] += alloc - used
+        markers: list[tuple[str, str]] = []
+        if node is None:
+            markers.append(("deleted", "deleted"))
+        else:
+            if not node.ready:
+                markers.append(("notready", f"NotReady since {_when(node.ready_since)}"))
+            if node.unschedulable:
+                markers.append(("cordoned", "cordoned"))
+            if node.draining:
+                markers.append(("draining", "draining"))
+        if any(s.over_booked for s in strips):
+            markers.append(("overbooked", "over-booked"))
+        rows.append(Row(name, markers, strips, " ".join(m for m, _ in markers)))
+
+    lost = _lost_sets(cluster, classes, filters, tenant_css, legend)
+    shown = [legend[ns] for ns in tenants if legend[ns].units or legend[ns].lost_units or ns == wanted]
+    return Board(
+        rows=rows,
+        legend=shown,
+        lost=lost,
+        filters=filters,
+        classes=sorted(classes),
+        tenants=tenants,
+        resources={r: (t[0], t[1], t[2]) for r, t in sorted(totals.items())},
+        nodes_total=len(node_names),
+        cells=cell_count,
+        pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
+    )
+
+
+def _lost_sets(
+    cluster: e.Cluster,
+    classes: dict[str, e.GpuClass],
+    filters: Filters,
+    tenant_css: Callable[[str], str],
+    legend: dict[str, Legend],
+) -> list[LostSetCells]:
+    """Lost sets hold no node but still count in budgets: one hatched cell per unit."""
+    sets: dict[tuple[str, str], list[e.Device]] = defaultdict(list)
+    for device in cluster.devices:
+        if device.phase is e.Phase.LOST:
+            sets[device.set_key].append(device)
+    out = []
+    for (namespace, vm), devices in sorted(sets.items()):
+        if filters.tenant and namespace != filters.tenant:
+            continue
+        if filters.class_name and all(d.class_name != filters.class_name for d in devices):
+            continue
+        devices.sort(key=lambda d: d.name)
+        units = sum(classes[d.class_name].units_per_device for d in devices if d.class_name in classes)
+        title = _title(
+            f"Lost set {namespace}/{vm}: {len(devices)} devices, {units} units",
+            f"VM {vm} · tenant {namespace}",
+            f"Lost since {_when(min((d.since for d in devices if d.since), default=None))}",
+            f"reason: {devices[0].reason}",
+        )
+        tcss = tenant_css(namespace)
+        cells = f'<i class="u lost {tcss}" title="{title}"></i>' * units
+        legend[namespace].lost_units += units
+        out.append(
+            LostSetCells(
+                namespace=namespace,
+                vm=vm,
+                devices=len(devices),
+                units=units,
+                since=min((d.since for d in devices if d.since), default=None),
+                reason=devices[0].reason,
+                cells=mark_safe(cells),  # noqa: S308 - the title is escaped
+            )
+        )
+    return out

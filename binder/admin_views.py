@@ -11,7 +11,7 @@ a 500), calls one domain function (``binder.board``, ``binder.budgets``,
 from __future__ import annotations
 
 import csv
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 
@@ -119,11 +120,15 @@ def budgets(request: HttpRequest, site: AdminSite) -> HttpResponse:
 
 
 class ChartForm(forms.Form):
-    """The usage chart's parameters: a window of whole UTC days, a tenant, a class."""
+    """The usage chart's parameters: a window of whole UTC days, a tenant, a class, and
+    ``at``: the moment open records are counted until (now, or earlier). The page's CSV
+    link carries the page's ``at``, so the download has exactly the numbers drawn even
+    while records are open and growing."""
 
-    def __init__(self, *args: Any, today: date, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, now: datetime, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.today = today
+        self.now = now
+        self.fields["at"] = forms.CharField(required=False, max_length=64)
         self.fields["from"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
         self.fields["to"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
         self.fields["tenant"] = forms.CharField(required=False, max_length=63)
@@ -134,9 +139,17 @@ class ChartForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        at = self.now
+        if data.get("at"):
+            parsed = parse_datetime(data["at"])
+            if parsed is None:
+                self.add_error("at", "'at' must be a time as YYYY-MM-DDTHH:MM:SS+00:00")
+            else:
+                at = min(self.now, parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC))
         if self.errors:
             return data
-        last = data.get("to") or self.today
+        data["at"] = at
+        last = data.get("to") or at.date()
         first = data.get("from") or last - timedelta(days=DEFAULT_CHART_DAYS - 1)
         if first > last:
             raise forms.ValidationError(f"'from' ({first}) must not be after 'to' ({last})")
@@ -160,8 +173,7 @@ class ChartForm(forms.Form):
 def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
     """GPU-hours per day per tenant and per class, as SVG bars; ``?format=csv`` exports them."""
     _require(request, "usage.view_usagerecord")
-    now = timezone.now()
-    form = ChartForm(request.GET, today=now.date())
+    form = ChartForm(request.GET, now=timezone.now())
     wants_csv = request.GET.get("format") == "csv"
     if not form.is_valid():
         problems = [
@@ -171,7 +183,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
             return HttpResponse("error\n" + "".join(f'"{p}"\n' for p in problems), status=400, content_type="text/csv")
         return _render(request, site, "usage_chart.html", "Usage chart", status=400, errors=problems, form=form)
     params = form.cleaned_data
-    daily = daily_gpu_hours(params["from"], params["to"], now, namespace=params["tenant"], key=params["class"])
+    daily = daily_gpu_hours(params["from"], params["to"], params["at"], namespace=params["tenant"], key=params["class"])
     if wants_csv:
         return _csv(daily.rows(), f"gpu-hours-{daily.first}-{daily.last}.csv")
     days = daily.days
@@ -190,7 +202,8 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         ),
     ]
     query = request.GET.copy()
-    query["format"] = "csv"
+    for name, value in (("from", daily.first), ("to", daily.last), ("at", params["at"].isoformat()), ("format", "csv")):
+        query[name] = str(value)  # replaces (QueryDict.update would append)
     return _render(
         request,
         site,

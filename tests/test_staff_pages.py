@@ -653,3 +653,24 @@ def test_staff_without_permissions_get_403(client: Client, cluster: dict[str, An
     passes = models.PassRun.objects.count()
     assert client.post(reverse("admin:run-pass")).status_code == 403
     assert models.PassRun.objects.count() == passes
+
+
+def test_usage_chart_csv_link_pins_the_moment(admin_client: Client, history: None, clock: Any) -> None:
+    """Open records grow: the page's CSV link carries its ``at``, so a download a minute
+    later has the numbers drawn, not the minute's growth."""
+    clock.now = NOW
+    page = admin_client.get(reverse("admin:usage-chart"), {"from": "2026-11-22", "to": "2026-11-23"})
+    csv_url = page.context["csv_url"]
+    assert "at=2026-11-23T06%3A00%3A00%2B00%3A00" in csv_url and csv_url.count("from=") == 1
+    clock.advance(hours=2)
+    rows = list(csv.DictReader(io.StringIO(admin_client.get(csv_url).content.decode())))
+    assert [float(r["gpu_hours"]) for r in rows if r["day"] == "2026-11-23"] == [6.0]
+    later = admin_client.get(reverse("admin:usage-chart"), {"from": "2026-11-22", "to": "2026-11-23", "format": "csv"})
+    assert [
+        float(r["gpu_hours"]) for r in csv.DictReader(io.StringIO(later.content.decode())) if r["day"] == "2026-11-23"
+    ] == [8.0]
+    # a future ``at`` counts until now; a malformed one is a clear 400
+    future = admin_client.get(reverse("admin:usage-chart"), {"to": "2026-11-23", "at": "2027-01-01T00:00:00Z"})
+    assert future.context["params"]["at"] == clock.now
+    bad = admin_client.get(reverse("admin:usage-chart"), {"at": "noon"})
+    assert bad.status_code == 400 and "&#x27;at&#x27; must be a time" in bad.content.decode()

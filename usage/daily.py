@@ -142,15 +142,16 @@ class BarChart:
     """(series, colour, GPU-hours in the window)"""
 
 
-def _nice_ceiling(value: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 × 10^k at or above ``value`` (an axis maximum)."""
+def _axis(value: float) -> tuple[float, int]:
+    """An axis maximum at or above ``value`` (1, 2, 2.5 or 5 × 10^k) and how many equal,
+    round steps divide it (so the labels read 0, 50, 100 … rather than 62.5)."""
     if value <= 0:
-        return 1.0
+        return 1.0, 4
     power = 10.0 ** int(f"{value:e}".split("e")[1])
-    for step in (1, 2, 2.5, 5, 10):
+    for step, divisions in ((1, 5), (2, 4), (2.5, 5), (5, 5), (10, 5)):
         if value <= step * power:
-            return step * power
-    return 10 * power
+            return step * power, divisions
+    return 10 * power, 5
 
 
 def stacked_bars(
@@ -166,7 +167,7 @@ def stacked_bars(
     plot_w, plot_h = width - left - right, height - top - bottom_margin
     bottom = top + plot_h
     totals = {d: sum(values.get(d, 0.0) for values in series.values()) for d in days}
-    ceiling = _nice_ceiling(max(totals.values(), default=0.0))
+    ceiling, divisions = _axis(max(totals.values(), default=0.0))
     slot = plot_w / max(1, len(days))
     bar = max(1.0, slot * 0.8)
     segments = []
@@ -190,7 +191,9 @@ def stacked_bars(
                     colours[name],
                 )
             )
-    ticks = [Tick(round(bottom - plot_h * k / 4, 2), f"{ceiling * k / 4:g}") for k in range(5)]
+    ticks = [
+        Tick(round(bottom - plot_h * k / divisions, 2), f"{ceiling * k / divisions:g}") for k in range(divisions + 1)
+    ]
     every = max(1, -(-len(days) // 12))
     labels = [
         DayLabel(round(left + i * slot + slot / 2, 2), d.strftime("%m-%d"))

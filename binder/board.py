@@ -62,6 +62,19 @@ class Row:
     strips: list[Strip]
     css: str = ""
 
+    def html(self) -> str:
+        """The row as a table row (escaped here: a thousand rows through the template
+        engine cost more than building the whole board)."""
+        badges = "".join(f'<span class="badge {css}">{escape(text)}</span>' for css, text in self.markers)
+        strips = "".join(
+            f'<span class="strip{" over" if s.over_booked else ""}" data-resource="{escape(s.resource)}" '
+            f'title="{escape(s.resource)}: {s.allocatable} allocatable, {s.booked} booked, {s.free} free">'
+            f"<b>{escape(s.label)}</b>{s.cells}<small>{s.booked}/{s.allocatable}</small></span>"
+            for s in self.strips
+        )
+        node = escape(self.node)
+        return f'<tr class="node {self.css}" data-node="{node}"><th>{node}</th><td>{badges}</td><td>{strips}</td></tr>'
+
 
 @dataclass(slots=True)
 class LostSetCells:
@@ -102,6 +115,10 @@ class Board:
     nodes_total: int = 0
     cells: int = 0
     pending_devices: int = 0
+
+    @property
+    def rows_html(self) -> SafeString:
+        return mark_safe("\n".join(row.html() for row in self.rows))  # noqa: S308 - Row.html escapes
 
 
 def _title(*lines: str) -> str:

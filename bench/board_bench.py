@@ -1,0 +1,301 @@
+"""Benchmark the staff placement board on a synthetic 1,000-node cluster (issue 7).
+
+Not a test (tests never assert on time): it prints the figures the README quotes.
+It builds a cluster in a database of its own (SQLite in a temporary directory by
+default, or ``--database-url``): ``--nodes`` GPU nodes (80 % HGX H100 with 8 units,
+20 % A10 with 4), a few hundred tenants, sets of 1/2/4/8 devices packed first-fit to
+about 85 % full, launcher pods proven by their VMI's activePods for a third of the sets,
+raw-GPU pods, some NotReady, cordoned, draining and over-booked nodes, and Lost sets.
+Then it times:
+
+* the server: ``GET /admin/placement-board/`` through Django (read the mirror, build
+  the board with the engine's ledger, render), median of ``--runs``, with its query
+  count and page size;
+* the browser: Debian's Chromium (``/usr/bin/chromium``, headless) loading the page
+  from a local WSGI server, from navigation start to the load event and to the first
+  frame painted after it, median of ``--runs``.
+
+    .venv/bin/python bench/board_bench.py --nodes 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+H100, A10 = "nvidia.com/GH100_H100_SXM5_80GB", "nvidia.com/GA102GL_A10"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+
+
+def setup_django(database_url: str, var_dir: Path) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["GPUPLANE_VAR_DIR"] = str(var_dir)
+    os.environ["GPUPLANE_AUTO_PASS"] = "false"
+    os.environ["DJANGO_ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
+    os.environ.setdefault("GPUPLANE_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplane.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def generate(nodes: int, seed: int) -> dict[str, int]:
+    """Write the synthetic cluster (emptying the mirror first); returns its counts."""
+    from django.utils import timezone
+
+    from binder import models
+    from binder.snapshot import clear_mirror
+
+    rng = random.Random(seed)
+    clear_mirror()
+    now = timezone.now()
+    tenants = models.Namespace.objects.bulk_create(
+        [models.Namespace(name=f"tenant-{i:03d}") for i in range(max(10, nodes // 4))]
+    )
+    models.GpuClass.objects.bulk_create(
+        [models.GpuClass(name="h100", resource_name=H100), models.GpuClass(name="a10", resource_name=A10)]
+    )
+    node_rows, free = [], {}
+    for i in range(nodes):
+        h100 = i % 5 != 4
+        name = f"{'hgx-h100' if h100 else 'gpu-a10'}-{i:05d}"
+        units = 8 if h100 else 4
+        roll = rng.random()
+        node_rows.append(
+            models.Node(
+                name=name,
+                allocatable={H100 if h100 else A10: units},
+                ready=roll >= 0.01,
+                ready_since=now,
+                unschedulable=0.01 <= roll < 0.03,
+                labels={"gpuplane.io/drain": "true"} if 0.03 <= roll < 0.04 else {},
+            )
+        )
+        free[name] = (H100 if h100 else A10, units)
+    models.Node.objects.bulk_create(node_rows)
+    devices, vmis, pods = [], [], []
+    target = int(sum(u for _, u in free.values()) * 0.85)
+    placed = sets = misses = 0
+    names = list(free)
+    while placed < target:
+        size = rng.choices((1, 2, 4, 8), weights=(40, 30, 20, 10))[0]
+        tenant = rng.choice(tenants)
+        cls = "h100" if rng.random() < 0.8 else "a10"
+        resource = H100 if cls == "h100" else A10
+        start = rng.randrange(len(names))
+        node = next(
+            (
+                names[(start + k) % len(names)]
+                for k in range(len(names))
+                if free[names[(start + k) % len(names)]][0] == resource
+                and free[names[(start + k) % len(names)]][1] >= size
+            ),
+            None,
+        )
+        if node is None:  # e.g. an 8-device A10 set: A10 nodes have 4 units
+            misses += 1
+            if misses > 500:
+                break
+            continue
+        free[node] = (resource, free[node][1] - size)
+        vm = f"vm-{sets:05d}"
+        sets += 1
+        for j in range(size):
+            devices.append(
+                models.GpuDevice(
+                    namespace=tenant,
+                    name=f"{vm}-gpu{j}",
+                    class_name=cls,
+                    vm_name=vm,
+                    phase="Bound",
+                    node=node,
+                    since=now,
+                    reason="bound: fullest node with room",
+                )
+            )
+        placed += size
+        if rng.random() < 0.33:
+            uid = f"uid-{vm}"
+            vmis.append(
+                models.VirtualMachineInstance(
+                    namespace=tenant, name=vm, uid=f"vmi-{vm}", active_pods={uid: node}, node=node, phase="Running"
+                )
+            )
+            pods.append(
+                models.Pod(
+                    namespace=tenant,
+                    name=f"virt-launcher-{vm}",
+                    uid=uid,
+                    node=node,
+                    phase="Running",
+                    gpu_requests={resource: size},
+                    owner_kind="VirtualMachineInstance",
+                    owner_name=vm,
+                    owner_vmi_hint=vm,
+                )
+            )
+    for name, (resource, left) in free.items():  # raw pods fill some of what is left
+        if left and rng.random() < 0.1:
+            pods.append(
+                models.Pod(
+                    namespace=rng.choice(tenants),
+                    name=f"trainer-{name}",
+                    uid=f"uid-trainer-{name}",
+                    node=name,
+                    phase="Running",
+                    gpu_requests={resource: 1},
+                )
+            )
+    for i in range(max(1, nodes // 50)):  # Lost sets
+        tenant = rng.choice(tenants)
+        for j in range(4):
+            devices.append(
+                models.GpuDevice(
+                    namespace=tenant,
+                    name=f"lost-{i}-gpu{j}",
+                    class_name="h100",
+                    vm_name=f"lost-{i}",
+                    phase="Lost",
+                    since=now,
+                    reason="lost: node went away; no other node has room for the set",
+                )
+            )
+    models.GpuDevice.objects.bulk_create(devices, batch_size=2000)
+    models.VirtualMachineInstance.objects.bulk_create(vmis, batch_size=2000)
+    models.Pod.objects.bulk_create(pods, batch_size=2000)
+    # over-booked: a few full nodes lose units (the binder has not run since)
+    full = [n for n, (_, left) in free.items() if left == 0][: max(1, nodes // 200)]
+    for name in full:
+        node = models.Node.objects.get(name=name)
+        resource, units = next(iter(node.allocatable.items()))
+        node.allocatable = {resource: units - 1}
+        node.save()
+    return {"nodes": nodes, "tenants": len(tenants), "devices": len(devices), "sets": sets, "pods": len(pods)}
+
+
+def time_server(runs: int) -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    times, queries, size, cells = [], 0, 0, 0
+    for _ in range(runs + 1):  # the first warms caches (templates, imports)
+        with CaptureQueriesContext(connection) as captured:
+            start = time.perf_counter()
+            response = client.get("/admin/placement-board/")
+            elapsed = time.perf_counter() - start
+        assert response.status_code == 200, response.status_code
+        times.append(elapsed)
+        queries, size = len(captured), len(response.content)
+        cells = response.content.count(b'class="u')
+    times = times[1:]
+    return {
+        "server_median_s": statistics.median(times),
+        "server_max_s": max(times),
+        "queries": queries,
+        "html_bytes": size,
+        "cells": cells,
+        "session": client.cookies["sessionid"].value,
+    }
+
+
+def time_browser(runs: int, session: str) -> dict[str, Any]:
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from django.core.wsgi import get_wsgi_application
+    from playwright.sync_api import sync_playwright
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, get_wsgi_application(), handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/admin/placement-board/"
+    loads, painted = [], []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        context.add_cookies([{"name": "sessionid", "value": session, "url": url}])
+        page = context.new_page()
+        for _ in range(runs + 1):
+            page.goto(url, wait_until="load")
+            figures = page.evaluate(
+                """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
+                    const nav = performance.getEntriesByType("navigation")[0];
+                    done({load: nav.loadEventEnd, painted: performance.now(), rows: document.querySelectorAll("#gp-board tr.node").length});
+                })))"""
+            )
+            loads.append(figures["load"] / 1000)
+            painted.append(figures["painted"] / 1000)
+        browser.close()
+    server.shutdown()
+    return {
+        "browser_load_median_s": statistics.median(loads[1:]),
+        "browser_painted_median_s": statistics.median(painted[1:]),
+        "browser_painted_max_s": max(painted[1:]),
+        "rows": figures["rows"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--database-url", default="", help="default: SQLite in a temporary directory")
+    parser.add_argument("--no-browser", action="store_true", help="time the server only")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="board-bench-") as tmp:
+        var = Path(tmp)
+        setup_django(args.database_url or f"sqlite:///{var / 'board.sqlite3'}", var)
+        counts = generate(args.nodes, args.seed)
+        figures: dict[str, Any] = {**counts, **time_server(args.runs)}
+        if not args.no_browser:
+            figures.update(time_browser(args.runs, figures["session"]))
+        figures.pop("session")
+        from django.db import connection
+
+        figures["database"] = connection.vendor
+        print(f"| nodes | devices | cells | queries | page | server (median) | browser: load | browser: painted |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(
+            f"| {figures['nodes']} | {figures['devices']} | {figures['cells']} | {figures['queries']} "
+            f"| {figures['html_bytes'] / 1e6:.1f} MB | {figures['server_median_s']:.2f} s "
+            f"| {figures.get('browser_load_median_s', float('nan')):.2f} s "
+            f"| {figures.get('browser_painted_median_s', float('nan')):.2f} s |"
+        )
+        print(json.dumps(figures, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -50,7 +50,7 @@ CHROMIUM_ARGS = [
 def setup_django(database_url: str, var_dir: Path) -> None:
     os.environ["DATABASE_URL"] = database_url
     os.environ["GPUPLANE_VAR_DIR"] = str(var_dir)
-    os.environ["GPUPLANE_AUTO_PASS"] = "false"
+    os.environ["GPUPLANE_AUTO_PASS"] = "false"  # noqa: S105 - not a password
     os.environ["DJANGO_ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     os.environ.setdefault("GPUPLANE_LOG_LEVEL", "WARNING")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplane.settings")
@@ -252,7 +252,8 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
             figures = page.evaluate(
                 """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
                     const nav = performance.getEntriesByType("navigation")[0];
-                    done({load: nav.loadEventEnd, painted: performance.now(), rows: document.querySelectorAll("#gp-board tr.node").length});
+                    const rows = document.querySelectorAll("#gp-board tr.node").length;
+                    done({load: nav.loadEventEnd, painted: performance.now(), rows: rows});
                 })))"""
             )
             loads.append(figures["load"] / 1000)
@@ -286,7 +287,7 @@ def main() -> None:
         from django.db import connection
 
         figures["database"] = connection.vendor
-        print(f"| nodes | devices | cells | queries | page | server (median) | browser: load | browser: painted |")
+        print("| nodes | devices | cells | queries | page | server (median) | browser: load | browser: painted |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         print(
             f"| {figures['nodes']} | {figures['devices']} | {figures['cells']} | {figures['queries']} "

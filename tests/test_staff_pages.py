@@ -17,6 +17,7 @@ import pytest
 import yaml
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -674,3 +675,10 @@ def test_usage_chart_csv_link_pins_the_moment(admin_client: Client, history: Non
     assert future.context["params"]["at"] == clock.now
     bad = admin_client.get(reverse("admin:usage-chart"), {"at": "noon"})
     assert bad.status_code == 400 and "&#x27;at&#x27; must be a time" in bad.content.decode()
+
+
+def test_demo_prints_the_board_link(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    out = io.StringIO()
+    call_command("demo", "--addrport", "127.0.0.1:8123", stdout=out)
+    assert "board:        http://127.0.0.1:8123/admin/placement-board/" in out.getvalue()

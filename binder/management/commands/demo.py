@@ -62,6 +62,7 @@ class Command(BaseCommand):
             self.style.SUCCESS(
                 f"\nstaff login: {options['username']} / {password}\n"
                 f"admin:        http://{host}/admin/\n"
+                f"board:        http://{host}/admin/placement-board/  (Lost sets, budgets, usage chart linked there)\n"
                 f"API docs:     http://{host}/api/docs/  (schema: /api/schema/)\n"
                 f"tenant token ({DEMO_TENANT_USER}, reads {DEMO_TENANT} only):\n"
                 f"  curl -H 'Authorization: Token {tenant.token}' http://{host}/api/v1/tenants/{DEMO_TENANT}/usage\n"

@@ -12,7 +12,9 @@ document.addEventListener("DOMContentLoaded", function () {
     if (!cell || event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) { return; }
     event.preventDefault();
     panel.querySelector(".what").textContent = cell.getAttribute("title");
-    panel.querySelector(".open").setAttribute("href", cell.getAttribute("href"));
+    var open = panel.querySelector(".open");
+    open.setAttribute("href", cell.getAttribute("href"));
+    open.textContent = cell.classList.contains("p") ? "pods of this name" : "device page";
     var log = panel.querySelector(".log");
     var set = cell.getAttribute("data-set");
     if (set) {

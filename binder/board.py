@@ -275,7 +275,7 @@ def build_board(
             total[2] += alloc - used
         markers: list[tuple[str, str]] = []
         if node is None:
-            markers.append(("deleted", "deleted"))
+            markers.append(("deleted", "deleted (not in the mirror)"))
         else:
             if not node.ready:
                 markers.append(("notready", f"NotReady since {_when(node.ready_since)}"))

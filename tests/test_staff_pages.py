@@ -682,3 +682,10 @@ def test_demo_prints_the_board_link(settings: Any) -> None:
     out = io.StringIO()
     call_command("demo", "--addrport", "127.0.0.1:8123", stdout=out)
     assert "board:        http://127.0.0.1:8123/admin/placement-board/" in out.getvalue()
+
+
+def test_board_shows_a_deleted_node_that_still_holds_devices(admin_client: Client, cluster: dict[str, Any]) -> None:
+    models.Node.objects.filter(name="n1").delete()  # the binder has not run since
+    row = board(admin_client).rows["n1"]
+    assert row["badges"][0] == "deleted (not in the mirror)" and "deleted" in row["css"]
+    assert len(row["cells"]) == 3 and all("ob" in classes(c) for c in row["cells"])  # allocatable 0 now

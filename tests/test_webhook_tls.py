@@ -2,8 +2,9 @@
 
 ``manage.py webhook_cert`` is checked the way the kube-apiserver would check its output
 (the serving certificate verifies against the printed caBundle for the Service's DNS
-name, with serverAuth); ``deploy/webhook.yaml`` against the admissionregistration/v1
-rules in fixtures/real/NOTES.md; ``deploy/gunicorn.conf.py`` by loading it as gunicorn
+name, with serverAuth); the webhook's manifests (the cluster overlay in deploy/, rendered
+by ``kubectl kustomize``) against the admissionregistration/v1 rules in
+fixtures/real/NOTES.md; ``deploy/gunicorn.conf.py`` by loading it as gunicorn
 does and, end to end, by a real gunicorn serving HTTPS with a certificate from the
 command, called with a client that trusts only ``ca.crt``.
 """
@@ -18,6 +19,7 @@ import ipaddress
 import json
 import os
 import runpy
+import shutil
 import socket
 import ssl
 import subprocess
@@ -43,7 +45,7 @@ from webhooks.views import VmiAdmissionView
 
 ROOT = Path(__file__).resolve().parents[1]
 GUNICORN_CONF = ROOT / "deploy" / "gunicorn.conf.py"
-WEBHOOK_YAML = ROOT / "deploy" / "webhook.yaml"
+CLUSTER_OVERLAY = ROOT / "deploy" / "overlays" / "cluster"
 SERVICE, NAMESPACE = "gpuplane-webhook", "gpuplane-system"
 
 
@@ -178,14 +180,39 @@ def test_bad_arguments_are_command_errors(tmp_path: Path, args: list[str]) -> No
     assert not any(tmp_path.iterdir())
 
 
-# -- deploy/webhook.yaml -------------------------------------------------------------------
+# -- the webhook's manifests (deploy/overlays/cluster) -------------------------------------
 
 
 def deploy_docs() -> dict[str, dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all(WEBHOOK_YAML.read_text()) if d]
-    by_kind = {d["kind"]: d for d in docs}
-    assert len(by_kind) == len(docs)
-    return by_kind
+    """The webhook configuration, its Service, the web Deployment and the settings ConfigMap
+    as ``kubectl apply -k deploy/overlays/cluster`` sends them (tests/test_deploy.py checks
+    the rest of the overlay)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on the PATH: deploy/overlays/cluster cannot be rendered")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(CLUSTER_OVERLAY)], capture_output=True, text=True, timeout=120, check=False
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    return {
+        "MutatingWebhookConfiguration": named["MutatingWebhookConfiguration", "gpuplane-vmi"],
+        "Service": named["Service", SERVICE],
+        "Deployment": named["Deployment", "gpuplane-web"],
+        "ConfigMap": config_map,
+    }
+
+
+def container_env(container: dict[str, Any], config_map: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The container's environment: the ConfigMap it takes with envFrom, then its own env."""
+    env: dict[str, dict[str, Any]] = {}
+    for source in container.get("envFrom", []):
+        assert source["configMapRef"]["name"] == config_map["metadata"]["name"]
+        env.update({name: {"name": name, "value": value} for name, value in config_map["data"].items()})
+    env.update({e["name"]: e for e in container["env"]})
+    return env
 
 
 def test_mutating_webhook_configuration() -> None:
@@ -240,7 +267,7 @@ def test_service_and_deployment_match_the_webhook() -> None:
     assert container_port["containerPort"] == 8443
     assert container["command"][:3] == ["gunicorn", "-c", "deploy/gunicorn.conf.py"]
 
-    env = {e["name"]: e for e in container["env"]}
+    env = container_env(container, docs["ConfigMap"])
     assert env["GPUPLANE_CLUSTER"]["value"] == "kubernetes"
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/gpuplane/tls")
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == mount["name"])

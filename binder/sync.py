@@ -147,7 +147,9 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
     valid, wanted = kept(kind, obj) if event_type != "DELETED" else (True, False)
     with transaction.atomic():
-        if wanted:
+        if wanted and unchanged(kind, obj):
+            applied = Applied()  # e.g. only metadata the mirror does not keep: no pass needed
+        elif wanted:
             load_objects([obj])
             applied = Applied(upserted=1)
         else:
@@ -160,6 +162,18 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
         if applied.changed:
             queue_full_pass()
     return applied
+
+
+def unchanged(kind: str, obj: Mapping[str, Any]) -> bool:
+    """True if the mirror's row already holds every field ``obj`` would write."""
+    parsed = parse_object(obj, where="from the API server")
+    if parsed is None:
+        return False
+    rows = MODELS[kind].objects.filter(name=parsed.name)
+    if kubeapi.RESOURCES[kind].namespaced:
+        rows = rows.filter(namespace__name=parsed.namespace)
+    row = rows.first()
+    return row is not None and all(getattr(row, field) == value for field, value in parsed.values.items())
 
 
 def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:

@@ -202,6 +202,9 @@ CELERY_BEAT_SCHEDULE = {
 # -- gpuplane (SPEC §9) --------------------------------------------------------------------
 GPUPLANE_CLUSTER = env_choice("GPUPLANE_CLUSTER", "standalone", ("standalone", "kubernetes"))
 GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
+#: The largest AdmissionReview body the webhook reads (bytes). A VMI is at most etcd's
+#: 1.5 MiB object limit, and a review carries the object once for CREATE.
+GPUPLANE_WEBHOOK_MAX_BYTES = env_int("GPUPLANE_WEBHOOK_MAX_BYTES", 3 * 1024 * 1024, minimum=1024)
 #: Cluster mode: the API server's URL, when neither in-cluster config nor a kubeconfig
 #: should be used (``kubectl proxy`` at http://127.0.0.1:8001, or the tests' emulator).
 GPUPLANE_KUBE_HOST = os.environ.get("GPUPLANE_KUBE_HOST", "")
@@ -266,7 +269,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "SERVE_INCLUDE_SCHEMA": False,  # the schema endpoint documents the API, not itself
+    "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gpuplane.schema.no_nul_in_text_parameters",
+    ],  # the schema endpoint documents the API, not itself
     "APPEND_COMPONENTS": {
         "securitySchemes": {
             "tokenAuth": {

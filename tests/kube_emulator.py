@@ -161,6 +161,16 @@ class Store:
     horizon: int = 0  # watches from before this revision get 410 Gone
 
 
+def rbac_call(method: str, kind: Kind, name: str | None, sub: str | None, query: Any) -> tuple[str, str, str]:
+    """The (API group, resource, verb) RBAC checks for a request, as the apiserver maps it."""
+    resource = f"{kind.plural}/{sub}" if sub else kind.plural
+    if method == "GET":
+        verb = "watch" if query.get("watch", "").lower() in ("true", "1") else ("get" if name else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+    return (kind.group, resource, verb)
+
+
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with the real API server behaviours listed in the module docstring."""
 
@@ -172,6 +182,8 @@ class ApiServer(kmock.KubernetesEmulator):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.changed: asyncio.Condition | None = None
         self.writes: list[tuple[str, str, str, str, int]] = []  # (verb, plural, ns, name+sub, status code)
+        #: Every object request as the RBAC verb it needs: (API group, resource[/sub], verb).
+        self.calls: list[tuple[str, str, str]] = []
 
     # -- HTTP entry ----------------------------------------------------------------------
 
@@ -188,6 +200,7 @@ class ApiServer(kmock.KubernetesEmulator):
             kind = BY_PATH.get((group, version, match["plural"]))
         if kind is None:
             return await super().__call__(raw)  # discovery and the rest: kmock's own
+        self.calls.append(rbac_call(raw.method, kind, match["name"], match["sub"], raw.query))
         if self.changed is None:
             self.loop = asyncio.get_running_loop()
             self.changed = asyncio.Condition()

@@ -136,7 +136,7 @@ def test_last_line_is_the_ca_bundle_and_next_steps_are_printed(tmp_path: Path) -
     text = "\n".join(lines[:-1])
     assert f"kubectl -n {NAMESPACE} create secret tls {SERVICE}-tls" in text
     assert f"--cert={tmp_path / 'tls.crt'}" in text and f"--key={tmp_path / 'tls.key'}" in text
-    assert "caBundle" in text and "deploy/webhook.yaml" in text
+    assert "caBundle" in text and "deploy/base/webhook.yaml" in text and "kubectl kustomize" in text
 
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ the Service (``<service>.<namespace>.svc``). This command makes such a pair for
 development and testing: a throwaway CA (``ca.crt``; its key is never written, so
 nothing else can be signed with it) and a serving certificate signed by it
 (``tls.crt``/``tls.key``, ECDSA P-256, serverAuth), then prints the base64 ``caBundle``
-to paste into ``deploy/webhook.yaml``. Production should use cert-manager (a
+to put into the webhook configuration (``deploy/base/webhook.yaml``). Production should use cert-manager (a
 Certificate for the Service, and its cainjector filling ``caBundle``), which also
 renews the certificate before it expires; this command does not renew anything.
 """
@@ -189,8 +189,9 @@ class Command(BaseCommand):
             f"--cert={paths[CERT_FILE]} --key={paths[KEY_FILE]}\n"
             "  The Deployment mounts that secret at /etc/gpuplane/tls and gunicorn serves it on 8443\n"
             "  (GPUPLANE_TLS_CERT_FILE=/etc/gpuplane/tls/tls.crt, GPUPLANE_TLS_KEY_FILE=/etc/gpuplane/tls/tls.key).\n"
-            "  Put the caBundle below into webhooks[0].clientConfig.caBundle of deploy/webhook.yaml, then\n"
-            "  kubectl apply -f deploy/webhook.yaml\n"
+            "  Then install with the caBundle below in place of the placeholder in deploy/base/webhook.yaml:\n"
+            "  CA_BUNDLE=<the last line>; kubectl kustomize deploy/overlays/cluster \\\n"
+            '    | sed "s|FILL_ME_FROM_manage.py_webhook_cert|$CA_BUNDLE|" | kubectl apply -f -\n'
             "\n"
             "caBundle:"
         )

@@ -1,0 +1,60 @@
+"""The usage records admin (SPEC §8): staff filter by tenant and date and export CSV; nobody edits."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from tests.accounts import account
+from tests.test_usage_api import cluster  # noqa: F401 - the fixture is used by name
+from usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def staff_client() -> Client:
+    user = account("root", staff=True)
+    user.is_superuser = True
+    user.save()
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+def test_records_list_filters_and_csv_export_of_what_is_shown(cluster: Any) -> None:  # noqa: F811
+    c = staff_client()
+    page = c.get("/admin/usage/usagerecord/", {"namespace": "t1"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "vm1-gpu0" in html and "trainer" not in html
+    assert "export.csv?namespace=t1" in html
+    answer = c.get("/admin/usage/usagerecord/export.csv", {"namespace": "t1", "phase__exact": "Bound"})
+    assert answer.status_code == 200 and answer["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    expected = UsageRecord.objects.filter(namespace="t1", phase="Bound").count()
+    assert len(rows) == expected > 0
+    assert {r["namespace"] for r in rows} == {"t1"} and {r["phase"] for r in rows} == {"Bound"}
+    assert c.get("/admin/usage/usagerecord/", {"start__year": "2026"}).status_code == 200  # date drill-down
+
+
+def test_records_cannot_be_added_changed_or_deleted_in_the_admin(cluster: Any) -> None:  # noqa: F811
+    c = staff_client()
+    record = UsageRecord.objects.filter(end__isnull=False).first()
+    assert record is not None
+    assert c.get("/admin/usage/usagerecord/add/").status_code == 403
+    assert c.post(f"/admin/usage/usagerecord/{record.pk}/delete/", {"post": "yes"}).status_code == 403
+    page = c.get(f"/admin/usage/usagerecord/{record.pk}/change/")
+    assert page.status_code == 200 and 'name="_save"' not in page.content.decode()  # view only
+    assert c.post(f"/admin/usage/usagerecord/{record.pk}/change/", {"units": "99"}).status_code == 403
+    assert UsageRecord.objects.filter(pk=record.pk).exists()
+
+
+def test_tenants_do_not_open_the_records_admin(cluster: Any) -> None:  # noqa: F811
+    tenant = Client()
+    tenant.force_login(account("alice", "t1"))
+    assert tenant.get("/admin/usage/usagerecord/").status_code == 302
+    assert tenant.get("/admin/usage/usagerecord/export.csv").status_code == 302

@@ -24,12 +24,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from kubernetes.client import ApiException
 from rest_framework.exceptions import APIException
@@ -122,10 +122,19 @@ class VmiAdmissionView(APIView):
             review = parse_review(body)
         except ReviewError as exc:
             return Response(error_body(exc), status=400)
-        view = mirror_view(review.namespace) if review.needs_mirror else MirrorView(namespace=review.namespace)
-        verdict = decide(review, view)
-        if verdict.action is Action.BIND:
-            verdict = bind_and_wait(review, view, verdict, started)
+        try:
+            if review.needs_mirror:
+                view = _reconnecting(mirror_view, review.namespace)
+            else:
+                view = MirrorView(namespace=review.namespace)
+            verdict = decide(review, view)
+            if verdict.action is Action.BIND:
+                verdict = bind_and_wait(review, view, verdict, started)
+        except (DatabaseError, InterfaceError) as exc:
+            # The database went away (dropped connection, restart, failover): a clear denial
+            # the caller can retry, never a 500 (which failurePolicy would turn into a
+            # less obvious refusal, or an admission without the node pin).
+            verdict = _database_unavailable(review, exc)
         return Response(response(verdict))
 
 
@@ -176,15 +185,23 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
                 review.uid,
                 message=f"VMI {review.namespace}/{review.name}: the binder could not run an answer pass; try again",
             )
+        lost: Exception | None = None
         while True:
-            answers = _answers(review, names, request_id)
+            try:
+                answers = _answers(review, names, request_id)
+                lost = None
+            except (OperationalError, InterfaceError) as exc:
+                # The connection dropped while waiting: reconnect on the next read; the
+                # deadline still holds, and a pass that answered meanwhile is still found.
+                _close_connection()
+                answers, lost = None, exc
             if isinstance(answers, Verdict):
                 return answers
             if answers is not None:
                 return conclude(review, view, answers)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return timed_out(review, wait)
+                return _database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
             if listener is not None:
                 seen = listener.wait(seen, min(remaining, RECHECK_SECONDS))
             else:
@@ -209,6 +226,40 @@ def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str)
                 f"({describe(exc)}); try again",
             )
     return None
+
+
+def _reconnecting(read: Callable[[str], MirrorView], namespace: str) -> MirrorView:
+    """``read(namespace)``, once more on a new connection if the pooled one turned out dead.
+
+    With ``CONN_MAX_AGE`` each server thread keeps its connection between requests; after
+    PostgreSQL dropped it (a restart, a failover, ``pg_terminate_backend``) the first query
+    fails although the database is back. One reconnect saves that call a needless denial.
+    """
+    try:
+        return read(namespace)
+    except (OperationalError, InterfaceError):
+        if connection.in_atomic_block:
+            raise
+        log.warning("database connection lost before the mirror read; reconnecting once", exc_info=True)
+        _close_connection()
+        return read(namespace)
+
+
+def _close_connection() -> None:
+    """Drop this thread's (broken) connection so the next query opens a new one."""
+    if not connection.in_atomic_block:
+        with contextlib.suppress(DatabaseError, InterfaceError):
+            connection.close()
+
+
+def _database_unavailable(review: Review, exc: BaseException) -> Verdict:
+    log.warning("VMI %s/%s denied: database unavailable: %s", review.namespace, review.name, describe(exc))
+    _close_connection()
+    return Verdict(
+        Action.DENY,
+        review.uid,
+        message=f"VMI {review.namespace}/{review.name}: the gpuplane database is unavailable; try again",
+    )
 
 
 def _changed(review: Review) -> Verdict:

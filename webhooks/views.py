@@ -31,6 +31,7 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from kubernetes.client import ApiException
 from rest_framework.exceptions import APIException
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -93,6 +94,25 @@ class _AlwaysJson(DefaultContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+#: The OpenAPI shape of an AdmissionReview (only what the schema needs to say; the
+#: strict checks are in ``webhooks.admission.parse_review``).
+ADMISSION_REVIEW = {
+    "type": "object",
+    "required": ["apiVersion", "kind"],
+    "properties": {
+        "apiVersion": {"type": "string", "example": "admission.k8s.io/v1"},
+        "kind": {"type": "string", "example": "AdmissionReview"},
+        "request": {"type": "object", "additionalProperties": True},
+        "response": {"type": "object", "additionalProperties": True},
+    },
+}
+WEBHOOK_ERROR = {
+    "type": "object",
+    "required": ["error", "field"],
+    "properties": {"error": {"type": "string"}, "field": {"type": "string"}},
+}
+
+
 class _SetChanged(Exception):
     """The set's rows changed between the decision and the bind-request write."""
 
@@ -106,11 +126,32 @@ class VmiAdmissionView(APIView):
     #: JSON whatever the Accept header says (no browsable-API HTML for a machine caller).
     renderer_classes = [JSONRenderer]
     content_negotiation_class = _AlwaysJson
-    #: Not part of the REST API's OpenAPI schema: only the kube-apiserver calls it.
-    schema = None
 
+    @extend_schema(
+        operation_id="webhook_vmi",
+        summary="VMI admission webhook (called by the kube-apiserver)",
+        description=(
+            "AdmissionReview v1 for a VirtualMachineInstance CREATE. Allows a VMI naming no gpuplane.io "
+            "devices untouched; otherwise pins it to the node holding its GPU set (JSONPatch) or denies "
+            "with the binder's reason. Malformed reviews get 400 naming the field; bodies over "
+            "GPUPLANE_WEBHOOK_MAX_BYTES get 413. No authentication: serve it over TLS to the apiserver only."
+        ),
+        auth=[],
+        request={"application/json": ADMISSION_REVIEW},
+        responses={
+            200: OpenApiResponse(ADMISSION_REVIEW, description="the AdmissionReview with its response"),
+            400: OpenApiResponse(WEBHOOK_ERROR, description="malformed review: the field and why"),
+            413: OpenApiResponse(WEBHOOK_ERROR, description="body too large"),
+        },
+    )
     def post(self, request: Request) -> Response:
         started = time.monotonic()
+        length = request.META.get("CONTENT_LENGTH") or "0"
+        limit = settings.GPUPLANE_WEBHOOK_MAX_BYTES
+        if not length.isdigit() or int(length) > limit:
+            # Refused before reading: DRF's parser would read any size into memory.
+            message = f"the body is {length} bytes; at most {limit} are accepted"
+            return Response({"error": message, "field": "(body)"}, status=413)
         try:
             body = request.data
         except (APIException, RecursionError, ValueError) as exc:

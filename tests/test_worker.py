@@ -51,12 +51,14 @@ def broker(settings: Any) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(REDIS_URL)
     client.ping()  # no Redis is a failure here, not a skip
     _forget(client)
+    # Saved before the settings change: Celery reads its conf from Django's settings lazily,
+    # so reading it afterwards would "save" the test's values and leave eager mode off.
+    conf = celery_app.conf
+    saved = (conf.broker_url, conf.task_always_eager, conf.broker_transport_options)
     options = {**django_settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": PREFIX}
     settings.CELERY_BROKER_URL = REDIS_URL
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = options
-    conf = celery_app.conf
-    saved = (conf.broker_url, conf.task_always_eager, conf.broker_transport_options)
     conf.broker_url, conf.task_always_eager, conf.broker_transport_options = REDIS_URL, False, options
     _reset_producer_pool()
     yield client

@@ -141,11 +141,16 @@ class ChartForm(forms.Form):
         data = super().clean() or {}
         at = self.now
         if data.get("at"):
-            parsed = parse_datetime(data["at"])
+            try:
+                parsed = parse_datetime(data["at"])
+                # In UTC: PostgreSQL takes offsets only up to ±15:59 (Python up to ±23:59).
+                if parsed is not None:
+                    aware = parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
+                    at = min(self.now, aware.astimezone(UTC))
+            except (ValueError, OverflowError):
+                parsed = None
             if parsed is None:
                 self.add_error("at", "'at' must be a time as YYYY-MM-DDTHH:MM:SS+00:00")
-            else:
-                at = min(self.now, parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC))
         if self.errors:
             return data
         data["at"] = at

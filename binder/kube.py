@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -179,7 +179,10 @@ class _Reader:
             raise self.fail(path, f"is not an RFC 3339 time: {value!r}")
         if parsed.tzinfo is None:
             raise self.fail(path, f"needs a time zone (e.g. a trailing Z): {value!r}")
-        return parsed
+        try:
+            return parsed.astimezone(UTC)  # PostgreSQL takes offsets only up to ±15:59
+        except OverflowError:
+            raise self.fail(path, f"is outside the years 1-9999 in UTC: {value!r}") from None
 
     def name(self, max_length: int = NAME_MAX) -> str:
         return self.string("metadata.name", required=True, max_length=max_length)

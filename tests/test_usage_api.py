@@ -349,3 +349,28 @@ def test_bad_or_empty_typed_parameter_is_400_naming_it(
         assert field in answer.content.decode()
     else:
         assert field in answer.json(), answer.json()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("url", "params"),
+    [
+        ("/api/v1/tenants/t1/usage-records", {"from": "5430-11-14T14:35:54+19:10"}),
+        ("/api/v1/tenants/t1/usage-records", {"to": "2026-11-30T12:00:00+23:59"}),
+        ("/api/v1/tenants/t1/usage", {"to": "2026-12-01T00:00:00-20:00"}),
+    ],
+)
+def test_offsets_beyond_postgresqls_range_are_read_in_utc(cluster: Clock, url: str, params: dict[str, str]) -> None:
+    """Python takes offsets up to ±23:59, PostgreSQL ±15:59: times are turned into UTC first
+    (schemathesis found +19:10 answering a 500 on PostgreSQL)."""
+    answer = token_client(account("alice", "t1")).get(url, params)
+    assert answer.status_code == 200, answer.content[:300]
+
+
+@pytest.mark.django_db
+def test_a_time_outside_the_years_1_to_9999_in_utc_is_400(cluster: Clock) -> None:
+    client = token_client(account("alice", "t1"))
+    answer = client.get("/api/v1/tenants/t1/usage-records", {"to": "0001-01-01T00:00:00+05:00"})
+    assert answer.status_code == 400 and "to" in answer.json()
+    answer = client.get("/api/v1/tenants/t1/usage", {"from": "0001-01-01T00:00:00+05:00"})
+    assert answer.status_code == 400 and "from" in answer.json()

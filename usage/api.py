@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from django import forms
@@ -21,6 +21,7 @@ from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django_filters import rest_framework as filters
+from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, serializers
@@ -134,8 +135,21 @@ BAD_REQUEST = OpenApiResponse(
 # -- time windows -------------------------------------------------------------------------
 
 
+def in_utc(value: datetime) -> datetime:
+    """``value`` in UTC, or a ValueError if that is outside the years 1-9999.
+
+    Python accepts offsets up to ±23:59 and PostgreSQL only ±15:59, so every time a
+    client sends is turned into UTC before it reaches a query (schemathesis found
+    ``+19:10`` answering a 500).
+    """
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value.isoformat()} is outside the years 1-9999 in UTC") from None
+
+
 class FlexibleDateTimeField(serializers.DateTimeField):
-    """RFC 3339 / ISO 8601 date-time, or a plain date (its midnight, UTC)."""
+    """RFC 3339 / ISO 8601 date-time, or a plain date (its midnight, UTC); always in UTC."""
 
     def to_internal_value(self, value: Any) -> datetime:
         if isinstance(value, str) and len(value) == 10:
@@ -145,7 +159,28 @@ class FlexibleDateTimeField(serializers.DateTimeField):
                 pass
             else:
                 return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
-        return super().to_internal_value(value)  # type: ignore[no-any-return]
+        parsed = super().to_internal_value(value)
+        try:
+            return in_utc(parsed)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class UtcIsoDateTimeField(IsoDateTimeField):  # type: ignore[misc]
+    """django-filter's ISO 8601 field, turned into UTC (see :func:`in_utc`)."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return in_utc(parsed)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class UtcIsoDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
 
 
 class WindowSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -375,10 +410,10 @@ def _held_at_or_after(queryset: QuerySet[UsageRecord], name: str, value: datetim
 
 
 # ``from`` is a Python keyword: declared after the class.
-UsageRecordFilter.base_filters["from"] = filters.IsoDateTimeFilter(
+UsageRecordFilter.base_filters["from"] = UtcIsoDateTimeFilter(
     method=_held_at_or_after, help_text="records still held after this time (open, or ending later)"
 )
-UsageRecordFilter.base_filters["to"] = filters.IsoDateTimeFilter(
+UsageRecordFilter.base_filters["to"] = UtcIsoDateTimeFilter(
     field_name="start", lookup_expr="lt", help_text="records that started before this time"
 )
 

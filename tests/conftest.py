@@ -14,8 +14,16 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.shapes import NOW
+
+# Property tests, state machines and the schemathesis fuzzer search afresh on every local
+# run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
+# HYPOTHESIS_PROFILE=ci: the same examples every run, so a red CI is a regression in the
+# code, not the luck of the draw. Loaded here, before any test module builds its settings.
+hypothesis_settings.register_profile("ci", derandomize=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)

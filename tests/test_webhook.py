@@ -659,3 +659,19 @@ def test_bind_wait_accepts_fractions_of_a_second_down_to_a_tenth(
             env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)
     else:
         assert env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1) == expected
+
+
+@pytest.mark.django_db
+def test_a_device_moved_to_another_vm_while_waiting_ends_the_wait_with_a_denial() -> None:
+    """The answers are read for this VM's devices only: a device whose spec.vmName was
+    edited during the wait answers for its new set, not for this VMI (found by the
+    stateful test's review)."""
+    cluster(*vm1_set())
+    body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
+    parsed = admission.parse_review(body)
+    models.GpuDevice.objects.filter(name__in=["g0", "g1"]).update(answered_request="r1", answer="bound: n1")
+    assert views._answers(parsed, ("g0", "g1"), "r1") == {"g0": "bound: n1", "g1": "bound: n1"}
+    models.GpuDevice.objects.filter(name="g1").update(vm_name="vm2")
+    verdict = views._answers(parsed, ("g0", "g1"), "r1")
+    assert isinstance(verdict, views.Verdict) and verdict.action is Action.DENY
+    assert "gpuplane.io/g1" in verdict.message and "no longer belongs to VM vm1" in verdict.message

@@ -316,18 +316,18 @@ def _answers(review: Review, names: tuple[str, ...], request_id: str) -> dict[st
 
     A device deleted meanwhile ends the wait with a denial (it will never answer).
     """
-    rows = {
-        name: (answered, answer)
-        for name, answered, answer in models.GpuDevice.objects.filter(
-            namespace__name=review.namespace, name__in=names
-        ).values_list("name", "answered_request", "answer")
-    }
+    found = models.GpuDevice.objects.filter(namespace__name=review.namespace, name__in=names).values_list(
+        "name", "vm_name", "answered_request", "answer"
+    )
+    rows = {name: (answered, answer) for name, vm, answered, answer in found if vm == review.name}
     gone = sorted(set(names) - set(rows))
     if gone:
+        # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
         return Verdict(
             Action.DENY,
             review.uid,
-            message=f"VMI {review.namespace}/{review.name}: device gpuplane.io/{gone[0]} was deleted; try again",
+            message=f"VMI {review.namespace}/{review.name}: device gpuplane.io/{gone[0]} was deleted "
+            f"or no longer belongs to VM {review.name}; try again",
         )
     if any(answered != request_id for answered, _ in rows.values()):
         return None

@@ -177,13 +177,19 @@ def read_rows(
     no particular order. With ``ids``, row ids are collected into it by (namespace, name)."""
     model, convert, fields = KINDS[kind]
     namespaced = hasattr(model, "NAMESPACE_LOOKUP")
-    if namespaces is not None and queryset is None:
-        queryset = model.objects.for_tenant(namespaces)
+    # A scoped read (the webhook reads one namespace per call) needs only the names of its
+    # namespaces, and its few rows in one fetch: reading all namespace names and opening a
+    # server-side cursor per kind was a third of a webhook call's time at 1,000 tenants.
+    scope = list(namespaces) if namespaces is not None and queryset is None else None
     columns = (*fields, "name", "id", *(("namespace_id",) if namespaced else ()))
-    names = dict(models.Namespace.objects.values_list("id", "name")) if namespaced else {}
+    names = dict(models.Namespace.objects.for_tenant(scope).values_list("id", "name")) if namespaced else {}
     width = len(fields)
     records = []
-    for row in _fetch(model, columns, queryset):
+    if scope is None:
+        rows = _fetch(model, columns, queryset)
+    else:
+        rows = model.objects.for_tenant(scope).order_by().values_list(*columns)
+    for row in rows:
         namespace = names.get(row[width + 2], "") if namespaced else ""
         records.append(convert(namespace, row[width], *row[:width]))
         if ids is not None:

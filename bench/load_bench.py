@@ -76,7 +76,7 @@ from cluster_bench import (
     pct,
     setup_django,
 )
-from webhook_bench import REDIS_URL, bound_bodies, child_env, start_server, stop
+from webhook_bench import REDIS_URL, bound_bodies, child_env, start_celery, start_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -96,17 +96,7 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
 
     ``webhook_bench.start_worker`` runs the solo pool; this bench runs the documented command.
     """
-    cmd = [sys.executable, "-m", "celery", "-A", "gpuplane", "worker", "-Q", "binder", "--concurrency", "1",
-           "-l", "info", "-n", f"loadbench-{os.getpid()}@%h"]  # fmt: skip
-    with log.open("w") as handle:
-        process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)  # noqa: S603
-    deadline = time.monotonic() + 60
-    while "ready." not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop(process)
-            raise SystemExit(f"the celery worker did not start:\n{log.read_text()}")
-        time.sleep(0.1)
-    return process
+    return start_celery(["--concurrency", "1", "-n", f"loadbench-{os.getpid()}@%h"], env, log)
 
 
 def family(pid: int) -> list[int]:

@@ -111,13 +111,19 @@ def start_server(env: dict[str, str], log: Path, workers: int, threads: int) -> 
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
+    return start_celery(
+        ["--pool", "solo", "-n", f"whbench-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
+         "--without-heartbeat"],
+        env,
+        log,
+    )  # fmt: skip
+
+
+def start_celery(options: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
+    """A binder-queue worker with ``options``, its output in ``log``; returns once it is ready."""
+    cmd = [sys.executable, "-m", "celery", "-A", "gpuplane", "worker", "-Q", "binder", "-l", "info", *options]
     with log.open("w") as handle:
-        process = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "celery", "-A", "gpuplane", "worker", "-Q", "binder", "--pool", "solo",
-             "-n", f"whbench-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "-l", "info"],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)  # noqa: S603
     deadline = time.monotonic() + 60
     while "ready." not in log.read_text():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -115,6 +115,9 @@ class UsageRecord(models.Model):
             models.Index(fields=["namespace", "key", "start"], name="usage_ns_key_idx"),
             models.Index(fields=["namespace", "subject_kind", "subject"], name="usage_subject_idx"),
             models.Index(fields=["end"], condition=Q(end__isnull=True), name="usage_open_idx"),
+            # Windows: "ended after from" bounded by an index, so a query over 30 days
+            # does not read a tenant's whole history (with usage_ns_start_idx and the open one).
+            models.Index(fields=["namespace", "end"], name="usage_ns_end_idx"),
         ]
 
     def __str__(self) -> str:

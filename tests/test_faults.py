@@ -55,7 +55,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from binder import models, sync
-from binder.locking import ADVISORY_KEY
 from binder.passes import run_pass
 from binder.snapshot import load_objects
 from binder.tasks import resync_task
@@ -366,40 +365,6 @@ def assert_ledger_clean(book: Ledger) -> None:
     assert not (book.lost or book.changed or book.duplicated or book.orphans), book
 
 
-def pass_holder() -> int | None:
-    """The backend holding the pass lock in this test's database, if any.
-
-    Unlike ``tests.test_worker._pass_running`` this looks at this database only: pg_locks
-    lists the advisory locks of every database on the server, and other test runs on the
-    same PostgreSQL take the same key in theirs.
-    """
-    high, low = (ADVISORY_KEY >> 32) & 0xFFFFFFFF, ADVISORY_KEY & 0xFFFFFFFF
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [high, low],
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else None
-
-
-def idle(client: redis.Redis, timeout: float = 30) -> None:
-    """``tests.test_worker._idle`` with :func:`pass_holder`: nothing queued, no pass running, for 0.5 s."""
-    deadline = time.monotonic() + timeout
-    quiet_since = None
-    while time.monotonic() < deadline:
-        busy = sum(client.llen(test_worker.PREFIX + k) for k in ("binder", "binder:9")) or pass_holder() is not None
-        if busy:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > 0.5:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the binder queue did not drain")
-
-
 def last_pass() -> int:
     return models.PassRun.objects.order_by("-id").values_list("id", flat=True).first() or 0
 
@@ -412,11 +377,11 @@ def restore(client: redis.Redis, mark: int, limit: int = 4) -> Counter[str]:
     """Let the queue drain; while an invariant is broken, send one more event (as the sync or
     the periodic resync would). The passes run since ``mark`` when every invariant held."""
     for _ in range(limit):
-        idle(client)
+        test_worker._idle(client)
         if not violations():
             return passes_since(mark)
         test_worker._event()
-    idle(client)
+    test_worker._idle(client)
     assert not violations(), violations()
     return passes_since(mark)
 
@@ -487,11 +452,11 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
 
     doomed = start_worker("doomed", delay=4.0)
     test_worker._event()
-    test_worker._wait_for(lambda: pass_holder() is not None)
+    test_worker._wait_for(lambda: test_worker.pass_holder() is not None)
     burst = Burst(server, bodies(vms), spread=1.0)
     time.sleep(0.5)
     doomed.stop(signal.SIGKILL)
-    test_worker._wait_for(lambda: pass_holder() is None)  # PostgreSQL rolled the pass back
+    test_worker._wait_for(lambda: test_worker.pass_holder() is None)  # PostgreSQL rolled the pass back
     # Nothing half-written: no placement, no pass, no usage record from the killed pass.
     assert placement() == before
     assert passes_since(mark) == Counter()
@@ -503,7 +468,7 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     passes = restore(broker, mark)
     retried = [call(server, body) for body in bodies(vms)]  # the VM controller creates the VMIs again
     retry_kinds = check_answers(retried, WAIT)
-    idle(broker)
+    test_worker._idle(broker)
 
     assert not violations(), violations()
     # The split set is whole again: gathered on one node, or Lost whole if the room went to
@@ -563,7 +528,7 @@ def test_redis_restarted_during_a_webhook_burst(
     resumed = (first.started - back).total_seconds()
     retried = [call(server, body) for body in bodies(vms)]
     retry_kinds = check_answers(retried, WAIT)
-    idle(broker)
+    test_worker._idle(broker)
 
     assert not violations(), violations()
     assert retry_kinds == {"allowed": 6, "denied: no room (binder's reason)": 2}, retry_kinds
@@ -588,7 +553,7 @@ def test_redis_restarted_during_a_webhook_burst(
 
 def terminate_backends() -> tuple[int, int]:
     """pg_terminate_backend on every other connection to this test database: (the pass's, others)."""
-    holder = pass_holder()
+    holder = test_worker.pass_holder()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -612,7 +577,7 @@ def test_postgresql_connections_dropped_mid_pass(
     worker = start_worker("w1", delay=1.0)
 
     test_worker._event()  # a full pass that would move the mover (close and open records) and bind
-    test_worker._wait_for(lambda: pass_holder() is not None)
+    test_worker._wait_for(lambda: test_worker.pass_holder() is not None)
     burst = Burst(server, bodies(vms), spread=0.5)
     time.sleep(0.4)
     holder, others = terminate_backends()
@@ -623,7 +588,7 @@ def test_postgresql_connections_dropped_mid_pass(
     passes = restore(broker, mark)
     retried = [call(server, body) for body in bodies(vms)]
     retry_kinds = check_answers(retried, WAIT)
-    idle(broker)
+    test_worker._idle(broker)
 
     assert not violations(), violations()
     # The mover left the drained node: moved to n3, or Lost if the answer pass for the burst

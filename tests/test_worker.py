@@ -173,15 +173,26 @@ def _idle(client: redis.Redis, timeout: float = 30) -> None:
     raise AssertionError("the binder queue did not drain")
 
 
-def _pass_running() -> bool:
-    """True while some session holds the pass lock (pg_locks shows advisory locks)."""
+def pass_holder() -> int | None:
+    """The backend holding the pass lock in this test's database, if any.
+
+    pg_locks lists the advisory locks of every database on the server, and other test
+    runs on the same PostgreSQL take the same key in theirs: only this database counts.
+    """
     high, low = (ADVISORY_KEY >> 32) & 0xFFFFFFFF, ADVISORY_KEY & 0xFFFFFFFF
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s",
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [high, low],
         )
-        return bool(cursor.fetchone()[0])
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def _pass_running() -> bool:
+    """True while a session holds the pass lock in this database."""
+    return pass_holder() is not None
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:

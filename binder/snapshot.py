@@ -181,6 +181,16 @@ def load_objects(
     with transaction.atomic():
         if replace:
             clear_mirror()
+        write_parsed(parsed, report)
+    return report
+
+
+def write_parsed(parsed: Sequence[Parsed], report: LoadReport | None = None) -> LoadReport:
+    """Upsert objects already parsed (and checked) by ``binder.kube``, in one transaction,
+    creating the namespaces they name; what a load writes after parsing, and what the
+    cluster sync writes."""
+    report = report if report is not None else LoadReport()
+    with transaction.atomic():
         by_kind: dict[str, list[Parsed]] = {}
         for item in parsed:
             by_kind.setdefault(item.kind, []).append(item)

@@ -30,13 +30,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F
+from django.db.models import F, Value
 from django.utils import timezone
 
 from . import kubeapi, models
 from .errors import describe, is_transient
-from .kube import ObjectError, parse_object
-from .snapshot import load_objects
+from .kube import ObjectError, Parsed, parse_object
+from .snapshot import write_parsed
 
 log = logging.getLogger(__name__)
 
@@ -82,27 +82,34 @@ def _key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
     return (str(meta.get("namespace") or "") if kubeapi.RESOURCES[kind].namespaced else "", str(meta.get("name")))
 
 
-def kept(kind: str, obj: Mapping[str, Any]) -> tuple[bool, bool]:
-    """``(valid, keep)``: does ``obj`` parse, and does the mirror keep a row for it?"""
+def kept(kind: str, obj: Mapping[str, Any]) -> tuple[bool, Parsed | None]:
+    """``(valid, parsed)``: does ``obj`` parse, and the parsed object if the mirror keeps a row for it."""
     try:
         parsed = parse_object(obj, where="from the API server")
     except ObjectError as exc:
         log.warning("sync: skipping an invalid %s: %s", kind, exc)
-        return False, False
+        return False, None
     if parsed is None:
-        return True, False
+        return True, None
     if kind in RELEASED_BY_BINDER and kubeapi.is_deleting(obj):
-        return True, False
+        return True, None
     if kind == "Pod" and not parsed.values.get("gpu_requests"):
-        return True, False
-    return True, True
+        return True, None
+    return True, parsed
 
 
-def _rows(kind: str) -> Any:
+def _rows(kind: str, namespace: str, name: str) -> Any:
+    """The mirror's row of ``kind`` named ``namespace/name`` (a queryset of at most one)."""
+    rows = MODELS[kind].objects.filter(name=name)
+    return rows.filter(namespace__name=namespace) if kubeapi.RESOURCES[kind].namespaced else rows
+
+
+def _keys(kind: str) -> Any:
+    """``(id, namespace, name)`` of every mirror row of ``kind`` ("" for cluster-scoped kinds)."""
     model = MODELS[kind]
     if kubeapi.RESOURCES[kind].namespaced:
         return model.objects.values_list("id", "namespace__name", "name")
-    return model.objects.annotate(ns=F("name")).values_list("id", "name", "name")
+    return model.objects.values_list("id", Value(""), "name")
 
 
 def mirror_list(
@@ -116,25 +123,19 @@ def mirror_list(
 
     A change queues a full pass, unless ``queue`` is false (the pass's own fresh read).
     """
-    keep: list[Mapping[str, Any]] = []
+    keep: list[Parsed] = []
     invalid = 0
     for obj in items:
-        valid, wanted = kept(kind, obj)
+        valid, parsed = kept(kind, obj)
         invalid += not valid
-        if wanted:
-            keep.append(obj)
+        if parsed is not None:
+            keep.append(parsed)
         if progress is not None:
             progress(1)
-    wanted_keys = {_key(kind, obj) for obj in keep}
+    wanted_keys = {(p.namespace, p.name) for p in keep}
     with transaction.atomic():
-        if keep:
-            load_objects(keep)
-        namespaced = kubeapi.RESOURCES[kind].namespaced
-        stale = [
-            row_id
-            for row_id, ns, name in _rows(kind)
-            if ((ns if namespaced else ""), name) not in wanted_keys
-        ]
+        write_parsed(keep)
+        stale = [row_id for row_id, ns, name in _keys(kind) if (ns, name) not in wanted_keys]
         for start in range(0, len(stale), 1000):
             MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
         applied = Applied(upserted=len(keep), deleted=len(stale), invalid=invalid)
@@ -145,34 +146,24 @@ def mirror_list(
 
 def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
-    valid, wanted = kept(kind, obj) if event_type != "DELETED" else (True, False)
+    valid, parsed = kept(kind, obj) if event_type != "DELETED" else (True, None)
     with transaction.atomic():
-        if wanted and unchanged(kind, obj):
+        if parsed is not None and unchanged(kind, parsed):
             applied = Applied()  # e.g. only metadata the mirror does not keep: no pass needed
-        elif wanted:
-            load_objects([obj])
+        elif parsed is not None:
+            write_parsed([parsed])
             applied = Applied(upserted=1)
         else:
-            ns, name = _key(kind, obj)
-            rows = MODELS[kind].objects.filter(name=name)
-            if kubeapi.RESOURCES[kind].namespaced:
-                rows = rows.filter(namespace__name=ns)
-            deleted, _ = rows.delete()
+            deleted, _ = _rows(kind, *_key(kind, obj)).delete()
             applied = Applied(deleted=int(bool(deleted)), invalid=int(not valid))
         if applied.changed:
             queue_full_pass()
     return applied
 
 
-def unchanged(kind: str, obj: Mapping[str, Any]) -> bool:
-    """True if the mirror's row already holds every field ``obj`` would write."""
-    parsed = parse_object(obj, where="from the API server")
-    if parsed is None:
-        return False
-    rows = MODELS[kind].objects.filter(name=parsed.name)
-    if kubeapi.RESOURCES[kind].namespaced:
-        rows = rows.filter(namespace__name=parsed.namespace)
-    row = rows.first()
+def unchanged(kind: str, parsed: Parsed) -> bool:
+    """True if the mirror's row already holds every field ``parsed`` would write."""
+    row = _rows(kind, parsed.namespace, parsed.name).first()
     return row is not None and all(getattr(row, field) == value for field, value in parsed.values.items())
 
 

@@ -57,6 +57,8 @@ import aiohttp.web
 import jsonpatch
 import kmock
 
+from binder.kubeapi import RESOURCES
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -179,7 +181,6 @@ class ApiServer(kmock.KubernetesEmulator):
         self.store = Store()
         self.lock = threading.Lock()
         self.fail_writes: Callable[[str, Kind, str, str], int | None] | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.changed: asyncio.Condition | None = None
         self.writes: list[tuple[str, str, str, str, int]] = []  # (verb, plural, ns, name+sub, status code)
         #: Every object request as the RBAC verb it needs: (API group, resource[/sub], verb).
@@ -201,8 +202,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if kind is None:
             return await super().__call__(raw)  # discovery and the rest: kmock's own
         self.calls.append(rbac_call(raw.method, kind, match["name"], match["sub"], raw.query))
-        if self.changed is None:
-            self.loop = asyncio.get_running_loop()
+        if self.changed is None:  # created in the server's own event loop
             self.changed = asyncio.Condition()
         body = await raw.read()
         try:
@@ -505,8 +505,6 @@ class RunningApiServer:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         async with self.server, kmock.Server(self.server) as http:
-            self.server.loop = asyncio.get_running_loop()
-            self.server.changed = asyncio.Condition()
             self.url = str(http.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()
@@ -535,19 +533,9 @@ class RunningApiServer:
         """Create each object, then write its status through ``/status``, the way real
         objects get theirs (kubelet, KubeVirt, gpuplane)."""
         for obj in objects:
-            kind = next(k for k in KINDS if k.kind == obj["kind"])
-            ns = obj["metadata"].get("namespace") if kind.namespaced else None
-            base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
-            collection = f"{base}/namespaces/{ns}/{kind.plural}" if ns else f"{base}/{kind.plural}"
-            created = self.request("POST", collection, obj)
+            resource = RESOURCES[obj["kind"]]
+            namespace = obj["metadata"].get("namespace")
+            created = self.request("POST", resource.path(namespace), obj)
             if obj.get("status"):
-                self.request("PATCH", f"{collection}/{created['metadata']['name']}/status", {"status": obj["status"]})
-
-    def poke(self) -> None:
-        """Wake watchers after a change made directly in the store (test set-up)."""
-
-        async def wake() -> None:
-            await self.server._wake()
-
-        asyncio.run_coroutine_threadsafe(wake(), self._loop).result(5)
-
+                path = resource.path(namespace, created["metadata"]["name"], "status")
+                self.request("PATCH", path, {"status": obj["status"]})

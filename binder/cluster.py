@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from . import kubeapi
 from .engine import PassResult
 from .engine import types as e
 from .errors import describe, is_transient
-from .sync import mirror_list
+from .sync import mirror_list, object_key
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +39,10 @@ log = logging.getLogger(__name__)
 class FreshRead:
     """What a pass read from the API server: versions to write against, objects to release."""
 
-    gpu_versions: dict[tuple[str, str], str] = field(default_factory=dict)
-    class_versions: dict[str, str] = field(default_factory=dict)
-    budget_versions: dict[tuple[str, str], str] = field(default_factory=dict)
-    deleting: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: (kind, namespace, name) -> the resourceVersion and the status the pass read.
+    versions: dict[tuple[str, str, str], str] = field(default_factory=dict)
     statuses: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-
-
-def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    deleting: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def read_fresh() -> FreshRead:
@@ -60,15 +53,9 @@ def read_fresh() -> FreshRead:
         listing = api.list(kind)
         mirror_list(kind, listing.items, queue=False)
         for obj in listing.items:
-            ns, name = _name(obj)
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-            if kind == "GPU":
-                fresh.gpu_versions[(ns, name)] = version
-            elif kind == "GPUClass":
-                fresh.class_versions[name] = version
-            else:
-                fresh.budget_versions[(ns, name)] = version
-            fresh.statuses[(kind, ns, name)] = dict(obj.get("status") or {})
+            key = (kind, *object_key(kind, obj))
+            fresh.versions[key] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            fresh.statuses[key] = dict(obj.get("status") or {})
             if kind in ("GPU", "GPUClass") and kubeapi.is_deleting(obj):
                 fresh.deleting.append((kind, obj))
     return fresh
@@ -97,7 +84,7 @@ def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]
     written: list[e.Device] = []
     failed = 0
     for device in result.devices:
-        version = fresh.gpu_versions.get(device.key)
+        version = fresh.versions.get(("GPU", *device.key))
         if version is None:
             continue  # not in the cluster any more
         try:
@@ -122,18 +109,16 @@ def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]
 
 def _write_class_and_budget_status(api: kubeapi.KubeApi, result: PassResult, fresh: FreshRead) -> int:
     failed = 0
-    writes: list[tuple[str, str, str, dict[str, Any], str]] = []
-    for name, status in result.class_status.items():
-        if name in fresh.class_versions:
-            body = {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost}
-            writes.append(("GPUClass", "", name, body, fresh.class_versions[name]))
-    for (ns, name), used in result.budget_used.items():
-        if (ns, name) in fresh.budget_versions:
-            writes.append(("GPUBudget", ns, name, {"used": dict(used)}, fresh.budget_versions[(ns, name)]))
-    for kind, ns, name, body, version in writes:
+    wanted: list[tuple[str, str, str, dict[str, Any]]] = [
+        ("GPUClass", "", name, {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost})
+        for name, status in result.class_status.items()
+    ]
+    wanted += [("GPUBudget", ns, name, {"used": dict(used)}) for (ns, name), used in result.budget_used.items()]
+    for kind, ns, name, body in wanted:
+        version = fresh.versions.get((kind, ns, name))
         current = fresh.statuses.get((kind, ns, name), {})
-        if all(current.get(k) == v for k, v in body.items()):
-            continue  # unchanged: no write, no event, no pass it would trigger
+        if version is None or all(current.get(k) == v for k, v in body.items()):
+            continue  # gone, or unchanged: no write, no event, no pass it would trigger
         try:
             api.patch_status(kind, ns, name, body, version)
         except Exception as exc:
@@ -147,7 +132,7 @@ def release_finalizers(fresh: FreshRead) -> int:
     api = kubeapi.api()
     released = 0
     for kind, obj in fresh.deleting:
-        ns, name = _name(obj)
+        ns, name = object_key(kind, obj)
         meta = obj.get("metadata") or {}
         if kubeapi.FINALIZER not in (meta.get("finalizers") or []):
             continue

@@ -77,7 +77,8 @@ def queue_full_pass() -> None:
         queue()
 
 
-def _key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
+def object_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
+    """``(namespace, name)`` of an API object (namespace "" for cluster-scoped kinds)."""
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or "") if kubeapi.RESOURCES[kind].namespaced else "", str(meta.get("name")))
 
@@ -154,7 +155,7 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
             write_parsed([parsed])
             applied = Applied(upserted=1)
         else:
-            deleted, _ = _rows(kind, *_key(kind, obj)).delete()
+            deleted, _ = _rows(kind, *object_key(kind, obj)).delete()
             applied = Applied(deleted=int(bool(deleted)), invalid=int(not valid))
         if applied.changed:
             queue_full_pass()

@@ -193,9 +193,11 @@ def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
 
 def record_status(kind: str, *, add: Mapping[str, int] | None = None, **values: Any) -> None:
     """Set ``values`` and add ``add`` to the counters of ``kind``'s ``SyncStatus`` row."""
-    status, _ = models.SyncStatus.objects.get_or_create(kind=kind)
     increments = {name: F(name) + n for name, n in (add or {}).items()}
-    models.SyncStatus.objects.filter(pk=status.pk).update(**values, **increments, updated=timezone.now())
+    rows = models.SyncStatus.objects.filter(kind=kind)
+    if not rows.update(**values, **increments, updated=timezone.now()):  # one query per event once the row exists
+        models.SyncStatus.objects.get_or_create(kind=kind)
+        rows.update(**values, **increments, updated=timezone.now())
 
 
 # -- the loop -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import URLPattern, path
@@ -47,8 +48,6 @@ class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def export_view(self, request: HttpRequest) -> StreamingHttpResponse:
         """Every record the changelist shows with the current filters, as CSV."""
         if not self.has_view_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
         changelist = self.get_changelist_instance(request)
         return self._csv(changelist.get_queryset(request))

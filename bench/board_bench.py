@@ -67,7 +67,7 @@ def generate(nodes: int, seed: int) -> dict[str, int]:
     from django.utils import timezone
 
     from binder import models
-    from binder.snapshot import clear_mirror
+    from binder.mirror.write import clear_mirror
 
     rng = random.Random(seed)
     clear_mirror()

@@ -8,7 +8,7 @@ the KubeVirt device resources, 3 classes, 1,000 tenants with GPUBudgets, sets of
 owner references) straight into a dedicated database with COPY, then times:
 
 * the steady-state full pass (nothing to change), median and p95;
-* its floor: the bare SELECTs ``binder.mirror.read_cluster`` issues, with no engine
+* its floor: the bare SELECTs ``binder.mirror.read.read_cluster`` issues, with no engine
   and no writes, and a breakdown of the pass (lock, read, engine, write, commit);
 * one full pass that binds ``--orders`` new Pending sets (run in a fresh process);
 * the answer pass, idle and while a full pass runs in another process;
@@ -631,7 +631,7 @@ def pct(values: Sequence[float], p: float) -> float:
 
 
 def timed_pass(kind: str) -> tuple[float, Any]:
-    from binder.passes import run_pass
+    from binder.runtime.passes import run_pass
 
     clock = time.perf_counter()
     run = run_pass(kind)
@@ -645,9 +645,9 @@ def breakdown_pass() -> dict[str, float]:
 
     from binder import models
     from binder.engine import full_pass
-    from binder.locking import pass_lock
-    from binder.mirror import read_cluster
-    from binder.passes import write_result
+    from binder.mirror.read import read_cluster
+    from binder.runtime.locking import pass_lock
+    from binder.runtime.passes import write_result
 
     t = {}
     clock = time.perf_counter()
@@ -680,7 +680,7 @@ def breakdown_pass() -> dict[str, float]:
 def floor_queries() -> list[tuple[str, Any]]:
     """The rows ``read_cluster`` reads, as Django ``values()`` querysets with the namespace
     join and ORDER BY (a reference: ``read_cluster`` itself issues the lean SELECTs)."""
-    from binder.mirror import KINDS
+    from binder.mirror.read import KINDS
 
     out = []
     for kind in ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod"):
@@ -749,7 +749,7 @@ def read_split() -> dict[str, float]:
     """read_rows per kind (values() + conversion to engine records)."""
     from django.db import transaction
 
-    from binder.mirror import read_rows
+    from binder.mirror.read import read_rows
 
     out = {}
     with transaction.atomic():

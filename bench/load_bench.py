@@ -31,7 +31,7 @@ kube-apiserver would fail the VMI CREATE then. The mix (of calls):
 Reviews are the real AdmissionReview shape (``tests.test_webhook.new_vmi`` / ``review``,
 the Bound ones from ``webhook_bench.bound_bodies``). A progress line every 5 s.
 Afterwards, once the worker is idle, the database is checked for double bookings with
-the project's own ledger (``binder.mirror.read_cluster`` + ``binder.engine.ledger_for``):
+the project's own ledger (``binder.mirror.read.read_cluster`` + ``binder.engine.ledger_for``):
 no node's booked units above allocatable for any resource, every set whole (held
 members share one phase and one node), every device once, and every allowed call's
 pinned node the node its devices are Bound on.
@@ -442,7 +442,7 @@ def check_bookings(calls: list[Call]) -> dict[str, Any]:
 
     from binder import models
     from binder.engine import Phase, ledger_for
-    from binder.mirror import read_cluster
+    from binder.mirror.read import read_cluster
 
     cluster, _ = read_cluster(timezone.now())
     ledger = ledger_for(cluster)
@@ -650,7 +650,7 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
     from django.utils import timezone
 
     from binder import models
-    from binder.passes import run_pass
+    from binder.runtime.passes import run_pass
 
     figures: dict[str, Any] = {"loadavg_before": os.getloadavg()}
     if not args.skip_generate:

@@ -162,7 +162,7 @@ class PassLoop:
 
 def run_child_loop() -> None:
     """``--child-loop``: full passes back to back until SIGTERM; one JSON line per pass."""
-    from binder.passes import run_pass
+    from binder.runtime.passes import run_pass
 
     stopping = False
 
@@ -359,7 +359,7 @@ def main() -> None:
     import redis
 
     from binder import models
-    from binder.passes import run_pass
+    from binder.runtime.passes import run_pass
 
     if not models.GpuDevice.objects.filter(phase="Bound").exists():
         raise SystemExit("no Bound sets: generate a cluster first (bench/cluster_bench.py --generate-only)")

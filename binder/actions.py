@@ -1,6 +1,6 @@
 """Staff actions: run a full pass now, retry a Lost set, and tell staff what came of it.
 
-Both go through the binder queue (``binder.tasks.queue_full_pass``) like every other
+Both go through the binder queue (``binder.queue.queue_full_pass``) like every other
 event, never by calling ``run_pass`` inline: passes stay serialized and collapsed, and
 a staff click cannot jump the queue ahead of a webhook's answer pass. What staff see
 depends on where the pass runs: without a broker Celery runs it in-process when the
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from . import models
-from .tasks import queue_full_pass
+from binder import models
+from binder.queue import queue_full_pass
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from . import models
-from .actions import full_pass_now, retry_lost_set
-from .engine import ledger_for
-from .mirror import read_cluster
+from binder import models
+from binder.actions import full_pass_now, retry_lost_set
+from binder.engine import ledger_for
+from binder.mirror.read import read_cluster
 
 
 @admin.action(description="Run a full pass now")

@@ -8,6 +8,7 @@ class BinderConfig(AppConfig):
     verbose_name = "GPU placement"
 
     def ready(self) -> None:
-        from . import signals
+        # Django's documented place for start-up wiring: models are ready now.
+        from binder import signals, tasks  # noqa: F401 - tasks registers the Celery tasks by name
 
         signals.connect()

@@ -35,9 +35,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from . import models
-from .engine.types import Outcome
-from .tasks import BINDER_QUEUE, COLLAPSE_KEY, collapse_key
+from binder import models
+from binder.engine.types import Outcome
+from binder.queue import BINDER_QUEUE, COLLAPSE_KEY, collapse_key
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def _redis_client(url: str) -> Any:
 
 
 def queue_metrics() -> Iterator[Metric]:
-    """Passes waiting in the broker and the collapse flags (binder.tasks.COLLAPSE_KEY).
+    """Passes waiting in the broker and the collapse flags (binder.queue.COLLAPSE_KEY).
 
     No broker (tasks run in-process): nothing can wait, all are 0. A Redis broker: the
     lengths of the binder queue's lists and whether each kind's collapse key exists, in

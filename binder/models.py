@@ -2,7 +2,7 @@
 
 In standalone mode these rows are the source of truth; in cluster mode they mirror
 the API server so the admin, the catalog and the usage API can answer without calling
-it. The binder engine never sees these classes: ``binder.mirror`` turns rows into the
+it. The binder engine never sees these classes: ``binder.mirror.read`` turns rows into the
 engine's plain dataclasses and back.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from .engine import types as engine
+from binder.engine import types as engine
 
 
 class TenantQuerySet(models.QuerySet):

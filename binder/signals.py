@@ -11,8 +11,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 
-from . import models
-from .tasks import queue_full_pass
+from binder import models
+from binder.queue import queue_full_pass
 
 MIRRORED = (
     models.Namespace,

@@ -24,149 +24,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.conf import settings
-from django.db import close_old_connections, connection, transaction
-from django.db.models import F, Value
+from django.db import close_old_connections, connection
+from django.db.models import F
 from django.utils import timezone
 
-from . import kubeapi, models
-from .errors import describe, is_transient
-from .kube import ObjectError, Parsed, parse_object
-from .snapshot import write_parsed
+from binder import apiserver, models
+from binder.errors import describe, is_transient
+from binder.kube import client as kube_client
+from binder.mirror.write import RELEASED_BY_BINDER, Applied, mirror_event, mirror_list
 
 log = logging.getLogger(__name__)
 
 #: Kinds in the order the first list goes: namespaces before what lives in them.
 SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
-
-MODELS: dict[str, Any] = {
-    "Namespace": models.Namespace,
-    "Node": models.Node,
-    "GPUClass": models.GpuClass,
-    "GPU": models.GpuDevice,
-    "GPUBudget": models.GpuBudget,
-    "VirtualMachineInstance": models.VirtualMachineInstance,
-    "Pod": models.Pod,
-}
-#: Kinds whose deletion waits on gpuplane's finalizer: while deleting they count as gone.
-RELEASED_BY_BINDER = {"GPU", "GPUClass"}
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """What one list or event changed in the mirror."""
-
-    upserted: int = 0
-    deleted: int = 0
-    invalid: int = 0
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.upserted or self.deleted)
-
-
-def queue_full_pass() -> None:
-    """Queue a full pass after commit (imported late: the binder's pass imports this module)."""
-    from .tasks import queue_full_pass as queue
-
-    if settings.GPUPLANE_AUTO_PASS:
-        queue()
-
-
-def object_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
-    """``(namespace, name)`` of an API object (namespace "" for cluster-scoped kinds)."""
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or "") if kubeapi.RESOURCES[kind].namespaced else "", str(meta.get("name")))
-
-
-def kept(kind: str, obj: Mapping[str, Any]) -> tuple[bool, Parsed | None]:
-    """``(valid, parsed)``: does ``obj`` parse, and the parsed object if the mirror keeps a row for it."""
-    try:
-        parsed = parse_object(obj, where="from the API server")
-    except ObjectError as exc:
-        log.warning("sync: skipping an invalid %s: %s", kind, exc)
-        return False, None
-    if parsed is None:
-        return True, None
-    if kind in RELEASED_BY_BINDER and kubeapi.is_deleting(obj):
-        return True, None
-    if kind == "Pod" and not parsed.values.get("gpu_requests"):
-        return True, None
-    return True, parsed
-
-
-def _rows(kind: str, namespace: str, name: str) -> Any:
-    """The mirror's row of ``kind`` named ``namespace/name`` (a queryset of at most one)."""
-    rows = MODELS[kind].objects.filter(name=name)
-    return rows.filter(namespace__name=namespace) if kubeapi.RESOURCES[kind].namespaced else rows
-
-
-def _keys(kind: str) -> Any:
-    """``(id, namespace, name)`` of every mirror row of ``kind`` ("" for cluster-scoped kinds)."""
-    model = MODELS[kind]
-    if kubeapi.RESOURCES[kind].namespaced:
-        return model.objects.values_list("id", "namespace__name", "name")
-    return model.objects.values_list("id", Value(""), "name")
-
-
-def mirror_list(
-    kind: str,
-    items: Iterable[Mapping[str, Any]],
-    progress: Callable[[int], None] | None = None,
-    *,
-    queue: bool = True,
-) -> Applied:
-    """Make the mirror's rows of ``kind`` exactly the listed objects (one transaction).
-
-    A change queues a full pass, unless ``queue`` is false (the pass's own fresh read).
-    """
-    keep: list[Parsed] = []
-    invalid = 0
-    for obj in items:
-        valid, parsed = kept(kind, obj)
-        invalid += not valid
-        if parsed is not None:
-            keep.append(parsed)
-        if progress is not None:
-            progress(1)
-    wanted_keys = {(p.namespace, p.name) for p in keep}
-    with transaction.atomic():
-        write_parsed(keep)
-        stale = [row_id for row_id, ns, name in _keys(kind) if (ns, name) not in wanted_keys]
-        for start in range(0, len(stale), 1000):
-            MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
-        applied = Applied(upserted=len(keep), deleted=len(stale), invalid=invalid)
-        if applied.changed and queue:
-            queue_full_pass()
-    return applied
-
-
-def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
-    """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
-    valid, parsed = kept(kind, obj) if event_type != "DELETED" else (True, None)
-    with transaction.atomic():
-        if parsed is not None and unchanged(kind, parsed):
-            applied = Applied()  # e.g. only metadata the mirror does not keep: no pass needed
-        elif parsed is not None:
-            write_parsed([parsed])
-            applied = Applied(upserted=1)
-        else:
-            deleted, _ = _rows(kind, *object_key(kind, obj)).delete()
-            applied = Applied(deleted=int(bool(deleted)), invalid=int(not valid))
-        if applied.changed:
-            queue_full_pass()
-    return applied
-
-
-def unchanged(kind: str, parsed: Parsed) -> bool:
-    """True if the mirror's row already holds every field ``parsed`` would write."""
-    row = _rows(kind, parsed.namespace, parsed.name).first()
-    return row is not None and all(getattr(row, field) == value for field, value in parsed.values.items())
-
 
 def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
     """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
@@ -174,12 +47,12 @@ def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
     Written with the object's resourceVersion: on a conflict the object changed and
     its next event brings it back here.
     """
-    finalizers = kubeapi.with_finalizer(obj)
+    finalizers = kube_client.with_finalizer(obj)
     if finalizers is None or kind not in RELEASED_BY_BINDER:
         return
     meta = obj.get("metadata") or {}
     try:
-        kubeapi.api().set_finalizers(
+        apiserver.api().set_finalizers(
             kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
         )
     except Exception as exc:
@@ -223,7 +96,7 @@ class KindSync:
         self.resource_version = ""
 
     def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
-        listing = kubeapi.api().list(self.kind)
+        listing = apiserver.api().list(self.kind)
         applied = mirror_list(self.kind, listing.items, progress)
         for obj in listing.items:
             add_finalizer(self.kind, obj)
@@ -250,14 +123,14 @@ class KindSync:
         """Watch from the current version until ``deadline``, ``stop``, or a 410."""
         while not self.stop.is_set() and time.monotonic() < deadline:
             timeout = max(1, min(self.watch_seconds, int(deadline - time.monotonic()) + 1))
-            for event_type, obj in kubeapi.api().watch(self.kind, self.resource_version, timeout):
+            for event_type, obj in apiserver.api().watch(self.kind, self.resource_version, timeout):
                 received = time.monotonic()
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or self.resource_version)
                 if event_type == "BOOKMARK":
                     self.resource_version = version
                     continue
                 if event_type == "ERROR":
-                    raise kubeapi.Gone(str(obj))
+                    raise kube_client.Gone(str(obj))
                 mirror_event(self.kind, event_type, obj)
                 if event_type != "DELETED":
                     add_finalizer(self.kind, obj)
@@ -285,7 +158,7 @@ class KindSync:
                     relist_due = time.monotonic() + self.relist_seconds
                 self.watch_until(relist_due)
                 failures = 0
-            except kubeapi.Gone as exc:
+            except kube_client.Gone as exc:
                 log.info("sync: %s watch expired (%s): listing again", self.kind, exc)
                 self.resource_version = ""
                 record_status(self.kind, add={"gone": 1})

@@ -4,6 +4,6 @@ The Celery app is imported here so that ``@shared_task`` binds to it whenever Dj
 starts, whether in a web process, a worker or a management command.
 """
 
-from .celery import app as celery_app
+from gpuplane.celery import app as celery_app
 
 __all__ = ["celery_app"]

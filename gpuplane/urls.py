@@ -5,8 +5,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from binder.catalog import GpuOptionsView
 from binder.metrics import metrics_view
+from usage.api.catalog import GpuOptionsView
 from webhooks.views import VmiAdmissionView
 
 

@@ -36,7 +36,7 @@ def _close_answer_listener() -> Iterator[None]:
     """The webhook's per-process LISTEN connection holds the test database open; close it
     after each test so the database can be flushed and dropped."""
     yield
-    from webhooks.views import ANSWERS
+    from binder.runtime.answers import ANSWERS
 
     ANSWERS.stop()
 

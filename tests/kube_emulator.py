@@ -57,7 +57,7 @@ import aiohttp.web
 import jsonpatch
 import kmock
 
-from binder.kubeapi import RESOURCES
+from binder.kube.client import RESOURCES
 
 
 @dataclass(frozen=True)

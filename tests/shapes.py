@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from binder.engine import types as e
-from binder.kube import parse_object
-from binder.mirror import from_parsed
+from binder.kube.objects import parse_object
+from binder.mirror.convert import from_parsed
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -14,8 +14,8 @@ from django.test import Client
 from django.urls import reverse
 
 from binder import models
-from binder.passes import run_pass
-from binder.snapshot import load_file
+from binder.mirror.snapshot import load_file
+from binder.runtime.passes import run_pass
 from tests.shapes import (
     A10,
     H100,

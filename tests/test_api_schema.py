@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from binder.passes import run_pass
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from tests.accounts import account
 from tests.test_usage_api import two_tenants
 

@@ -17,7 +17,7 @@ from django.test import Client
 from binder.engine import Cluster, DefaultBudget, Settings
 from binder.engine import types as e
 from binder.engine.catalog import GpuOption, gpu_options
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
 from tests.accounts import account, token_client
 from tests.shapes import (
     A10,

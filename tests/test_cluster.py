@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from binder import kubeapi, models, sync
-from binder.passes import run_pass
+from binder import apiserver as kube_connection
+from binder import models, sync
+from binder.kube import client as kube_client
+from binder.runtime.passes import run_pass
 from tests.kube_emulator import RunningApiServer
 from tests.shapes import (
     A10,
@@ -45,11 +47,11 @@ def apiserver(settings: Any) -> Iterator[RunningApiServer]:
         configuration = client.Configuration()
         configuration.host = server.url
         settings.GPUPLANE_CLUSTER = "kubernetes"
-        kubeapi.use(kubeapi.KubeApi(client.ApiClient(configuration), request_timeout=10))
+        kube_connection.use(kube_client.KubeApi(client.ApiClient(configuration), request_timeout=10))
         try:
             yield server
         finally:
-            kubeapi.use(None)
+            kube_connection.use(None)
 
 
 def seed_cluster(server: RunningApiServer) -> None:
@@ -121,13 +123,14 @@ def test_sync_mirrors_the_cluster_and_follows_adds_changes_deletes(apiserver: Ru
         # gpuplane's finalizer went on every GPU and class (SPEC §6).
         wait_for(
             lambda: all(
-                kubeapi.FINALIZER in (g["metadata"].get("finalizers") or []) for g in cluster_gpus(apiserver).values()
+                kube_client.FINALIZER in (g["metadata"].get("finalizers") or [])
+                for g in cluster_gpus(apiserver).values()
             ),
             what="finalizers on GPUs",
         )
         wait_for(
             lambda: all(
-                c["metadata"].get("finalizers") == [kubeapi.FINALIZER]
+                c["metadata"].get("finalizers") == [kube_client.FINALIZER]
                 for c in apiserver.request("GET", f"{GPUS}/gpuclasses")["items"]
             ),
             what=f"finalizers on classes {apiserver.request('GET', f'{GPUS}/gpuclasses')['items']}",
@@ -422,7 +425,7 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
     body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
     allowed_patch(post(client, body), body)  # the webhook's bind-request annotation
     apiserver.request("DELETE", f"{GPUS}/gpuclasses/a10")  # the operator's call, not gpuplane's
-    assert apiserver.server.calls.pop() == (kubeapi.GROUP, "gpuclasses", "delete")
+    assert apiserver.server.calls.pop() == (kube_client.GROUP, "gpuclasses", "delete")
     sync.sync_once()
     run_pass("full")  # finalizer release
     called = set(apiserver.server.calls)

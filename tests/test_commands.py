@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from binder import models
 from binder.engine.placement import REASON_BOUND
-from binder.passes import run_pass
+from binder.runtime.passes import run_pass
 from tests.shapes import (
     A10,
     H100,
@@ -461,7 +461,7 @@ def test_answered_bind_requests_are_recorded_with_their_latency() -> None:
 
     from django.utils import timezone
 
-    from binder.snapshot import load_objects
+    from binder.mirror.snapshot import load_objects
 
     load_objects([class_obj("h100", H100), node_obj("n1", {H100: 1})])
     load_objects(

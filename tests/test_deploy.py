@@ -6,7 +6,7 @@ it. Built-in kinds are validated against the Kubernetes 1.32 OpenAPI schemas shi
 ``openAPIV3Schema`` of the CRDs themselves, turned into JSON Schema the way the apiserver
 applies it (unknown fields refused, ``date-time`` checked). The demo cluster and any
 gpuplane object among the shared real fixtures must pass those schemas, and the schemas
-must not accept what the loader (``binder.kube``) refuses, or the sync would choke on an
+must not accept what the loader (``binder.kube.objects``) refuses, or the sync would choke on an
 object the apiserver let in.
 """
 
@@ -32,7 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from binder.kube import ObjectError, parse_object
+from binder.kube.objects import ObjectError, parse_object
 from tests.shapes import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Exactly what gpuplane may do against the API (deploy/base/rbac.yaml says which code
-#: path needs each; binder/kubeapi.py makes every call): (ClusterRole, API group, resource)
+#: path needs each; binder/kube/client.py makes every call): (ClusterRole, API group, resource)
 #: -> verbs.
 MIRRORED = [("", "namespaces"), ("", "nodes"), ("", "pods"), ("kubevirt.io", "virtualmachineinstances")]
 MIRRORED += [(GROUP, r) for r in ("gpuclasses", "gpus", "gpubudgets")]
@@ -643,13 +643,13 @@ def test_rbac_has_no_wildcards_and_exactly_the_listed_verbs() -> None:
 
 
 def test_rbac_matches_the_api_calls_the_code_makes() -> None:
-    """binder/kubeapi.py makes every call (GET for list/watch/get, merge PATCH); if it ever
+    """binder/kube/client.py makes every call (GET for list/watch/get, merge PATCH); if it ever
     creates, PUTs or deletes, rbac.yaml needs the verb, and this says so."""
-    source = (ROOT / "binder" / "kubeapi.py").read_text()
+    source = (ROOT / "binder" / "kube" / "client.py").read_text()
     assert set(re.findall(r'_call\(\s*"([A-Z]+)"', source)) == {"GET", "PATCH"}
     for package in ("binder", "usage", "webhooks", "gpuplane"):
         for path in (ROOT / package).rglob("*.py"):
-            if path.name != "kubeapi.py":
+            if path != ROOT / "binder" / "kube" / "client.py":
                 text = path.read_text()
                 assert "call_api(" not in text and "client.CoreV1Api" not in text, path
 

@@ -55,8 +55,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from binder import models, sync
-from binder.passes import run_pass
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from binder.tasks import resync_task
 from gpuplane.celery import app as celery_app
 from tests import test_cluster, test_webhook_race, test_worker
@@ -64,7 +64,7 @@ from tests.kube_emulator import Kind, RunningApiServer
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 from tests.test_webhook import answer_of, new_vmi, post, review
 from usage.models import UsageRecord
-from webhooks import views
+from webhooks import binding, views
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -763,10 +763,10 @@ def test_webhook_denies_clearly_when_the_database_is_unavailable(client: Client,
 
 def test_webhook_reconnects_once_when_its_pooled_connection_was_dropped(client: Client) -> None:
     body = _pending_vm1()
-    real = views.mirror_view
+    real = binding.mirror_view
     calls = []
 
-    def dropped_once(namespace: str) -> views.MirrorView:
+    def dropped_once(namespace: str) -> binding.MirrorView:
         calls.append(namespace)
         if len(calls) == 1:
             raise OperationalError("terminating connection due to administrator command")
@@ -782,7 +782,7 @@ def test_webhook_keeps_waiting_through_a_dropped_connection_then_denies_within_t
 ) -> None:
     settings.GPUPLANE_BIND_WAIT_SECONDS = 0.5
     body = _pending_vm1()
-    with mock.patch.object(views, "_answers", side_effect=OperationalError("server closed the connection")) as read:
+    with mock.patch.object(binding, "answers_of", side_effect=OperationalError("server closed the connection")) as read:
         started = time.monotonic()
         answer = answer_of(post(client, body), body)
         seconds = time.monotonic() - started

@@ -19,8 +19,9 @@ import yaml
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from binder import models, snapshot
-from binder.snapshot import SnapshotError, load_file
+from binder import models
+from binder.mirror import snapshot
+from binder.mirror.snapshot import SnapshotError, load_file
 from tests.shapes import A10, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
 
 DEMO = Path(__file__).resolve().parents[1] / "deploy" / "demo" / "cluster.yaml"

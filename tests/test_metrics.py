@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from binder import models
 from binder.metrics import queue_keys, redis_url
-from binder.passes import run_pass
-from binder.snapshot import load_objects
-from binder.tasks import PRIORITY, collapse_key
+from binder.mirror.snapshot import load_objects
+from binder.queue import PRIORITY, collapse_key
+from binder.runtime.passes import run_pass
 from tests.shapes import A10, H100, class_obj, gpu_obj, node_obj
 
 pytestmark = pytest.mark.django_db

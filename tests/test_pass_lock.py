@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from binder import passes
 from binder.engine import full_pass
-from binder.locking import pass_lock
+from binder.mirror.snapshot import load_objects
 from binder.models import PassKind, PassRun
-from binder.snapshot import load_objects
+from binder.runtime import passes
+from binder.runtime.locking import pass_lock
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 
 

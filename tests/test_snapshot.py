@@ -19,8 +19,8 @@ import yaml
 from django.core.management import CommandError, call_command
 
 from binder import models
-from binder.passes import run_pass
-from binder.snapshot import SnapshotError, load_file, load_objects
+from binder.mirror.snapshot import SnapshotError, load_file, load_objects
+from binder.runtime.passes import run_pass
 from tests.shapes import (
     A10,
     FIXTURES,

@@ -29,9 +29,9 @@ from django.urls import reverse
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from binder import models
-from binder.management.commands.demo import DEMO_FILE
-from binder.passes import run_pass
-from binder.snapshot import load_file
+from binder.mirror.snapshot import load_file
+from binder.runtime.passes import run_pass
+from gpuplane.management.commands.demo import DEMO_FILE
 from usage.models import UsageRecord
 
 CHROMIUM = "/usr/bin/chromium"

@@ -25,9 +25,9 @@ from django.urls import reverse
 
 from binder import models
 from binder.actions import PassOutcome, full_pass_now
-from binder.passes import run_pass
-from binder.snapshot import load_file
-from binder.state import cluster_state
+from binder.mirror.snapshot import load_file
+from binder.reports.state import cluster_state
+from binder.runtime.passes import run_pass
 from tests.accounts import account, token_client
 from tests.shapes import (
     A10,

@@ -31,7 +31,7 @@ binds, or a device deleted between passes, gets or loses its open record at the 
 pass (an answer pass that places a set asks for one). The test therefore integrates the
 units held *as the last full pass saw them*: that is what the records can know, and what
 tenants are billed for. A simulated full pass whose status writes partly fail (cluster
-mode: ``binder.cluster.write_status`` drops refused writes from the result) may leave sets
+mode: ``binder.runtime.cluster.write_status`` drops refused writes from the result) may leave sets
 split and nodes over-booked; wholeness and the strict capacity check then wait for the
 next complete full pass, which restores them (SPEC §4 step 1). The GPU feature switch stays
 on: with it off a pass places nothing, so a deleted class's devices stay Bound while their
@@ -50,7 +50,7 @@ below 10,000. A full pass also runs by itself when ``RESYNC_STEPS`` steps went w
 (the periodic resync), so every example checks its usage records.
 
 (b) ``DatabaseMachine`` drives the real thing: objects loaded with ``load_objects`` and
-changed through the models, ``binder.passes.run_pass`` (full and answer), the webhook's
+changed through the models, ``binder.runtime.passes.run_pass`` (full and answer), the webhook's
 own ``mirror_view``/``decide`` and bind-request write, usage records in the database and
 GPU-hours from ``usage.queries.gpu_hours`` (and, after each full pass, the tenant usage
 API's ``current_usage`` against the test's own accounting). Each example runs inside a savepoint that is
@@ -92,9 +92,9 @@ from binder.engine.types import (
 )
 from binder.engine.types import Settings as EngineSettings
 from binder.engine.usage import Holding, OpenRecord, holdings, reconcile_usage
-from binder.mirror import read_cluster
-from binder.passes import run_pass
-from binder.snapshot import load_objects
+from binder.mirror.read import read_cluster
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from tests import shapes
 from tests.conftest import Clock
 from tests.test_properties import (
@@ -122,7 +122,7 @@ from tests.test_properties import (
 from usage import queries
 from usage.models import UsageRecord
 from usage.records import HOLDING_COLUMNS
-from webhooks import views
+from webhooks import binding
 from webhooks.admission import Action, MirrorView, Review, Verdict, conclude, decide, parse_review
 
 H100, A10 = shapes.H100, shapes.A10
@@ -996,7 +996,7 @@ def vmi_devices(vmi: Mapping[str, Any]) -> list[str]:
 
 
 def written_only(result: PassResult, mask: int) -> tuple[PassResult, bool]:
-    """The pass's result as ``binder.cluster.write_status`` narrows it when some status writes
+    """The pass's result as ``binder.runtime.cluster.write_status`` narrows it when some status writes
     fail: bit i of ``mask`` (mod 16) says whether the i-th changed device was written."""
     written = tuple(d for i, d in enumerate(result.devices) if mask >> (i % 16) & 1)
     keys = {d.key for d in written}
@@ -1276,7 +1276,7 @@ class DatabaseMachine(RuleBasedStateMachine):
         vmi = new_vmi(namespace, vm, names)
         uid = self.fresh("request-")
         body = admission_review(vmi, uid)
-        view = views.mirror_view(namespace)
+        view = binding.mirror_view(namespace)
         verdict = decide(body, view)
         members = [d for d in view.devices if d.vm_name == vm]
         node = whole_bound_node(members)
@@ -1303,7 +1303,7 @@ class DatabaseMachine(RuleBasedStateMachine):
 
     def conclude_calls(self) -> None:
         for key, call in sorted(self.calls.items()):
-            answers = views._answers(call.review, call.names, call.request)
+            answers = binding.answers_of(call.review, call.names, call.request)
             if answers is None:
                 continue
             del self.calls[key]

@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 
 from binder import models
-from binder.snapshot import load_objects
-from binder.tasks import queue_full_pass
+from binder.mirror.snapshot import load_objects
+from binder.queue import queue_full_pass
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 
 

@@ -19,8 +19,8 @@ from django.test import Client
 from knox.models import AuthToken
 
 from binder import models
-from binder.passes import run_pass
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from tests.accounts import account, token_client
 from tests.conftest import Clock
 from tests.shapes import (

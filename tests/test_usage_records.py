@@ -1,7 +1,7 @@
 """Usage records (SPEC §7): written by full passes, GPUs counted once, history append-only.
 
 Clusters are built from the real captures (tests/shapes.py) and loaded into the mirror;
-passes run for real (``binder.passes.run_pass``) at times set by the ``clock`` fixture.
+passes run for real (``binder.runtime.passes.run_pass``) at times set by the ``clock`` fixture.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from django.db import IntegrityError, connection, transaction
 from binder import models
 from binder.engine import types as e
 from binder.engine.usage import Holding, OpenRecord, RecordPhase, SubjectKind, holdings, reconcile_usage
-from binder.passes import run_pass
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from tests.conftest import Clock
 from tests.shapes import (
     A10,

@@ -31,8 +31,9 @@ from django.test import Client
 
 from binder import models
 from binder.engine import Device, GpuClass, Phase
-from binder.passes import ANSWERS_CHANNEL, run_pass
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
+from binder.runtime.answers import ANSWERS_CHANNEL
+from binder.runtime.passes import run_pass
 from tests import test_worker
 from tests.shapes import (
     A10,
@@ -47,7 +48,7 @@ from tests.shapes import (
     real,
     vmi_obj,
 )
-from webhooks import admission, views
+from webhooks import admission, binding, views
 from webhooks.admission import Action, MirrorView, ReviewError
 
 URL = "/webhooks/vmi"
@@ -305,7 +306,7 @@ def test_a_binder_refusal_is_denied_with_its_reason(client: Client) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_timeout_is_denied_with_try_again(client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster(*vm1_set())
-    monkeypatch.setattr("binder.tasks._send_answer_pass", lambda: None)  # the queue never runs it
+    monkeypatch.setattr("binder.queue._send_answer_pass", lambda: None)  # the queue never runs it
     settings.GPUPLANE_BIND_WAIT_SECONDS = 0.3
     body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
     started = time.monotonic()
@@ -324,7 +325,7 @@ def test_a_set_that_changes_under_the_check_is_denied_with_try_again(
 ) -> None:
     """The mirror read said g0, g1 and g2 make the set; by the write g2 is gone."""
     cluster(*vm1_set(), gpu_obj("t1", "g2", "h100", "vm1"))
-    stale = views.mirror_view("t1")
+    stale = binding.mirror_view("t1")
     models.GpuDevice.objects.filter(name="g2").delete()
     monkeypatch.setattr(views, "mirror_view", lambda namespace: stale)
     body = review(new_vmi("t1", "vm1", ["g0", "g1", "g2"]))
@@ -617,7 +618,7 @@ def test_with_a_real_worker_the_webhook_is_woken_by_notify(
     cluster(*vm1_set())
     start_worker()
     settings.GPUPLANE_BIND_WAIT_SECONDS = 8
-    monkeypatch.setattr(views, "RECHECK_SECONDS", 60.0)
+    monkeypatch.setattr(binding, "RECHECK_SECONDS", 60.0)
     body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
     started = time.monotonic()
     patched = allowed_patch(post(client, body), body)
@@ -670,8 +671,8 @@ def test_a_device_moved_to_another_vm_while_waiting_ends_the_wait_with_a_denial(
     body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
     parsed = admission.parse_review(body)
     models.GpuDevice.objects.filter(name__in=["g0", "g1"]).update(answered_request="r1", answer="bound: n1")
-    assert views._answers(parsed, ("g0", "g1"), "r1") == {"g0": "bound: n1", "g1": "bound: n1"}
+    assert binding.answers_of(parsed, ("g0", "g1"), "r1") == {"g0": "bound: n1", "g1": "bound: n1"}
     models.GpuDevice.objects.filter(name="g1").update(vm_name="vm2")
-    verdict = views._answers(parsed, ("g0", "g1"), "r1")
-    assert isinstance(verdict, views.Verdict) and verdict.action is Action.DENY
+    verdict = binding.answers_of(parsed, ("g0", "g1"), "r1")
+    assert isinstance(verdict, admission.Verdict) and verdict.action is Action.DENY
     assert "gpuplane.io/g1" in verdict.message and "no longer belongs to VM vm1" in verdict.message

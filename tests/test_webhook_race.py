@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from binder import models
-from binder.snapshot import load_objects
+from binder.mirror.snapshot import load_objects
 from tests import test_worker
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 from tests.test_webhook import new_vmi, review

@@ -25,9 +25,9 @@ from django.conf import settings as django_settings
 from django.db import connection, transaction
 
 from binder import models
-from binder.locking import ADVISORY_KEY
-from binder.snapshot import load_objects
-from binder.tasks import collapse_key, queue_answer_pass, queue_full_pass
+from binder.mirror.snapshot import load_objects
+from binder.queue import collapse_key, queue_answer_pass, queue_full_pass
+from binder.runtime.locking import ADVISORY_KEY
 from gpuplane.celery import app as celery_app
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 

@@ -2,7 +2,7 @@
 
 Records are the billing history, so staff may look and export, never add, change or
 delete (the model refuses those anyway). The CSV export is the tenant API's own
-stream (``usage.api.csv_stream``), so staff and tenants get the same columns and
+stream (``usage.api.renderers.csv_stream``), so staff and tenants get the same columns and
 numbers for the same records.
 """
 
@@ -17,9 +17,9 @@ from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from . import queries
-from .api import csv_stream
-from .models import UsageRecord
+from usage import queries
+from usage.api.renderers import csv_stream
+from usage.models import UsageRecord
 
 
 @admin.register(UsageRecord)

@@ -19,8 +19,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from django.db.models import ExpressionWrapper, F, FloatField, Sum, Value
 from django.db.models.functions import Greatest, Least
 
-from .models import UsageRecord
-from .queries import SECONDS_PER_HOUR, Seconds, held_until, in_window
+from usage.models import UsageRecord
+from usage.queries import SECONDS_PER_HOUR, Seconds, held_until, in_window
 
 #: The longest window one chart covers (one aggregate column per day).
 MAX_DAYS = 366

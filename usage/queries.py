@@ -21,10 +21,9 @@ from binder import models as binder_models
 from binder.engine import Ledger, Limits, effective_limits, tenant_usage
 from binder.engine import types as e
 from binder.engine.accounting import is_raw_key
-from binder.mirror import engine_settings, read_rows
-
-from .models import SubjectKind, UsageRecord
-from .records import fresh_vmis
+from binder.mirror.read import engine_settings, read_rows
+from usage.models import SubjectKind, UsageRecord
+from usage.records import fresh_vmis
 
 SECONDS_PER_HOUR = 3600.0
 

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from binder import kubeapi
+from binder import apiserver
 from binder import models as binder_models
 from binder.engine import types as e
 from binder.engine.launcher import VmiLookup
@@ -30,10 +30,10 @@ from binder.engine.usage import (
     reconcile_usage,
     requests_raw_gpu,
 )
-from binder.kube import ObjectError, parse_object
-from binder.mirror import from_parsed, read_rows
-
-from .models import UsageRecord
+from binder.kube.objects import ObjectError, parse_object
+from binder.mirror.convert import from_parsed
+from binder.mirror.read import read_rows
+from usage.models import UsageRecord
 
 #: The columns that make up a record's holding, in :class:`Holding` field order.
 HOLDING_COLUMNS = (
@@ -73,7 +73,7 @@ def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
     """
     wanted = {(p.namespace, p.owner_vmi) for p in pods if p.owner_vmi and requests_raw_gpu(p)}
     found: dict[tuple[str, str], e.Vmi] = {}
-    if wanted and kubeapi.cluster_mode():
+    if wanted and apiserver.cluster_mode():
         return vmis_from_api_server(wanted)
     if wanted:
         queryset = binder_models.VirtualMachineInstance.objects.filter(
@@ -87,7 +87,7 @@ def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
 
 def vmis_from_api_server(wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], e.Vmi]:
     """Cluster mode: GET each named VMI from the API server (a missing one is no launcher)."""
-    api = kubeapi.api()
+    api = apiserver.api()
     found: dict[tuple[str, str], e.Vmi] = {}
     for namespace, name in sorted(wanted):
         obj = api.get("VirtualMachineInstance", namespace, name)

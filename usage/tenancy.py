@@ -2,7 +2,7 @@
 
 Staff read every namespace; any other user reads only the namespaces granted to them
 (``NamespaceGrant``, made by ``manage.py issue_token``). Endpoints never test this
-themselves: the base view (``usage.api.TenantScopedMixin``) passes
+themselves: the base view (``usage.api.base.TenantScopedMixin``) passes
 :func:`visible_namespaces` to the querysets' ``for_tenant``, and a namespace the user
 may not read answers 404 exactly like one that does not exist, so names do not leak.
 """
@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from knox.models import AuthToken
 
-from .models import NamespaceGrant
+from usage.models import NamespaceGrant
 
 #: ``None``: every namespace (staff); else the names the user may read.
 Visible = frozenset[str] | None

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import api
+from usage.api import views as api
 
 urlpatterns = [
     path("tenants/<str:namespace>/usage", api.TenantUsageView.as_view(), name="tenant-usage"),

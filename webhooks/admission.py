@@ -395,6 +395,42 @@ def timed_out(review: Review, seconds: float) -> Verdict:
     )
 
 
+# -- denials of the bind-and-wait (``webhooks.binding``): every message of the webhook is here --
+
+
+def set_changed(review: Review) -> Verdict:
+    """The set's rows changed between the decision and the bind-request write."""
+    return _deny(
+        review, f"VMI {review.namespace}/{review.name}: its set of GPU devices changed while it was checked; try again"
+    )
+
+
+def device_gone(review: Review, device: str) -> Verdict:
+    """A device was deleted, or moved to another VM, while the call waited: it will never answer."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: device gpuplane.io/{device} was deleted "
+        f"or no longer belongs to VM {review.name}; try again",
+    )
+
+
+def answer_pass_failed(review: Review) -> Verdict:
+    """The bind requests are written but running or publishing the answer pass failed."""
+    return _deny(review, f"VMI {review.namespace}/{review.name}: the binder could not run an answer pass; try again")
+
+
+def bind_request_refused(review: Review, why: str) -> Verdict:
+    """Cluster mode: the API server refused the bind-request annotation."""
+    return _deny(
+        review, f"VMI {review.namespace}/{review.name}: the API server refused the bind request ({why}); try again"
+    )
+
+
+def database_unavailable(review: Review) -> Verdict:
+    """The database went away (dropped connection, restart, failover): retryable, never a 500."""
+    return _deny(review, f"VMI {review.namespace}/{review.name}: the gpuplane database is unavailable; try again")
+
+
 def _deny(review: Review, message: str) -> Verdict:
     return Verdict(Action.DENY, review.uid, message=message)
 

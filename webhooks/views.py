@@ -1,17 +1,8 @@
 """``POST /webhooks/vmi``: the VMI admission webhook's HTTP side (SPEC §5).
 
-The decision itself is pure (``webhooks.admission``); this view only parses, reads the
-mirror slice the decision needs, and, when the set is not placed yet, asks the binder:
-
-1. write a new bind request id on every device of the set (one transaction, only the
-   ``bind_request`` columns, which belong to the webhook) and queue an answer pass at
-   commit (``binder.tasks.queue_answer_pass``; in the embedded default it runs in
-   process at commit, so the answer is already there when the commit returns);
-2. wait up to ``GPUPLANE_BIND_WAIT_SECONDS`` until every device's ``answered_request``
-   is that id. The database is the truth; on PostgreSQL a ``LISTEN gpuplane_answers``
-   connection (the pass sends ``NOTIFY`` at commit when it answered something) says
-   when to look again, instead of Celery's 0.5 s result polling; elsewhere it polls
-   every 50 ms.
+HTTP only: parse the body, read the mirror slice the decision needs, call the pure
+decision (``webhooks.admission.decide``), and, when the set is not placed yet, the
+bind-and-wait (``webhooks.binding``); then answer the AdmissionReview.
 
 The kube-apiserver authenticates the webhook by TLS (added with the serving
 certificate), so there is no DRF authentication here, and CSRF does not apply.
@@ -19,20 +10,12 @@ certificate), so there is no DRF authentication here, and CSRF does not apply.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.utils import timezone
+from django.db import DatabaseError, InterfaceError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from kubernetes.client import ApiException
 from rest_framework.exceptions import APIException
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
@@ -42,48 +25,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from binder import kubeapi, models, tasks
-from binder.errors import describe
-from binder.mirror import engine_settings, read_rows
-from binder.passes import ANSWERS_CHANNEL
-
-from .admission import (
-    Action,
-    MirrorView,
-    Review,
-    ReviewError,
-    Verdict,
-    conclude,
-    decide,
-    error_body,
-    parse_review,
-    response,
-    timed_out,
-)
-
-log = logging.getLogger(__name__)
-
-#: Polling interval where there is no notification (SQLite, or LISTEN unavailable).
-POLL_SECONDS = 0.05
-#: With LISTEN, the database is still re-read this often in case a notification is lost
-#: (e.g. the listening connection broke); notifications normally wake the wait at once.
-RECHECK_SECONDS = 1.0
-
-
-def mirror_view(namespace: str) -> MirrorView:
-    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads."""
-    scope = [namespace]
-    engine = engine_settings()
-    return MirrorView(
-        namespace=namespace,
-        enabled=engine.enabled,
-        devices=tuple(read_rows("GPU", scope)),
-        classes=tuple(read_rows("GPUClass")),
-        budgets=tuple(read_rows("GPUBudget", scope)),
-        pods=tuple(read_rows("Pod", scope)),
-        vmis=tuple(read_rows("VirtualMachineInstance", scope)),
-        default_budget=engine.default_budget,
-    )
+from webhooks.admission import Action, MirrorView, ReviewError, decide, error_body, parse_review, response
+from webhooks.binding import bind_and_wait, database_unavailable, mirror_view, reconnecting
 
 
 class _AlwaysJson(DefaultContentNegotiation):
@@ -111,10 +54,6 @@ WEBHOOK_ERROR = {
     "required": ["error", "field"],
     "properties": {"error": {"type": "string"}, "field": {"type": "string"}},
 }
-
-
-class _SetChanged(Exception):
-    """The set's rows changed between the decision and the bind-request write."""
 
 
 class VmiAdmissionView(APIView):
@@ -165,7 +104,7 @@ class VmiAdmissionView(APIView):
             return Response(error_body(exc), status=400)
         try:
             if review.needs_mirror:
-                view = _reconnecting(mirror_view, review.namespace)
+                view = reconnecting(mirror_view, review.namespace)
             else:
                 view = MirrorView(namespace=review.namespace)
             verdict = decide(review, view)
@@ -175,240 +114,5 @@ class VmiAdmissionView(APIView):
             # The database went away (dropped connection, restart, failover): a clear denial
             # the caller can retry, never a 500 (which failurePolicy would turn into a
             # less obvious refusal, or an admission without the node pin).
-            verdict = _database_unavailable(review, exc)
+            verdict = database_unavailable(review, exc)
         return Response(response(verdict))
-
-
-def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: float) -> Verdict:
-    """Write the bind requests, queue an answer pass and wait for its answers.
-
-    The wait counts from the request's arrival (``started``), so the whole call stays
-    within ``GPUPLANE_BIND_WAIT_SECONDS`` plus a final read, below the webhook timeout.
-    Every device of the set gets the same new request id: a pass answers a set as a
-    whole, and an answer to an earlier request (a retried call) is not taken for ours.
-    """
-    wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS)
-    deadline = started + wait
-    request_id = uuid.uuid4().hex
-    names = verdict.bind
-    with _listener() as listener:
-        # Noted before the requests are written: a notification after this moves it.
-        seen = listener.count if listener is not None else 0
-        committed = False
-
-        def mark_committed() -> None:
-            nonlocal committed
-            committed = True
-
-        if kubeapi.cluster_mode():
-            refused = annotate_in_cluster(review, names, request_id)
-            if refused is not None:
-                return refused
-        try:
-            with transaction.atomic():
-                written = models.GpuDevice.objects.filter(
-                    namespace__name=review.namespace, vm_name=review.name, name__in=names
-                ).update(bind_request=request_id, bind_requested_at=timezone.now())
-                if written != len(names):
-                    raise _SetChanged
-                transaction.on_commit(mark_committed)
-                tasks.queue_answer_pass()
-        except _SetChanged:
-            return _changed(review)
-        except Exception:
-            if not committed:
-                raise
-            # The requests are written; running (embedded) or publishing the answer pass
-            # failed. The next full pass answers them; this call cannot wait for that.
-            log.exception("answer pass for %s/%s failed", review.namespace, review.name)
-            return Verdict(
-                Action.DENY,
-                review.uid,
-                message=f"VMI {review.namespace}/{review.name}: the binder could not run an answer pass; try again",
-            )
-        lost: Exception | None = None
-        while True:
-            try:
-                answers = _answers(review, names, request_id)
-                lost = None
-            except (OperationalError, InterfaceError) as exc:
-                # The connection dropped while waiting: reconnect on the next read; the
-                # deadline still holds, and a pass that answered meanwhile is still found.
-                _close_connection()
-                answers, lost = None, exc
-            if isinstance(answers, Verdict):
-                return answers
-            if answers is not None:
-                return conclude(review, view, answers)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return _database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
-            if listener is not None:
-                seen = listener.wait(seen, min(remaining, RECHECK_SECONDS))
-            else:
-                time.sleep(min(remaining, POLL_SECONDS))
-
-
-def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str) -> Verdict | None:
-    """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
-    each GPU object (SPEC §1), where the binder's fresh read finds it."""
-    api = kubeapi.api()
-    for name in names:
-        try:
-            api.annotate_bind_request(review.namespace, name, request_id)
-        except Exception as exc:  # any failure: a clear denial within the timeout, never a 500
-            if isinstance(exc, ApiException) and exc.status == 404:
-                return _changed(review)
-            log.warning("bind request on GPU %s/%s not written: %s", review.namespace, name, describe(exc))
-            return Verdict(
-                Action.DENY,
-                review.uid,
-                message=f"VMI {review.namespace}/{review.name}: the API server refused the bind request "
-                f"({describe(exc)}); try again",
-            )
-    return None
-
-
-def _reconnecting(read: Callable[[str], MirrorView], namespace: str) -> MirrorView:
-    """``read(namespace)``, once more on a new connection if the pooled one turned out dead.
-
-    With ``CONN_MAX_AGE`` each server thread keeps its connection between requests; after
-    PostgreSQL dropped it (a restart, a failover, ``pg_terminate_backend``) the first query
-    fails although the database is back. One reconnect saves that call a needless denial.
-    """
-    try:
-        return read(namespace)
-    except (OperationalError, InterfaceError):
-        if connection.in_atomic_block:
-            raise
-        log.warning("database connection lost before the mirror read; reconnecting once", exc_info=True)
-        _close_connection()
-        return read(namespace)
-
-
-def _close_connection() -> None:
-    """Drop this thread's (broken) connection so the next query opens a new one."""
-    if not connection.in_atomic_block:
-        with contextlib.suppress(DatabaseError, InterfaceError):
-            connection.close()
-
-
-def _database_unavailable(review: Review, exc: BaseException) -> Verdict:
-    log.warning("VMI %s/%s denied: database unavailable: %s", review.namespace, review.name, describe(exc))
-    _close_connection()
-    return Verdict(
-        Action.DENY,
-        review.uid,
-        message=f"VMI {review.namespace}/{review.name}: the gpuplane database is unavailable; try again",
-    )
-
-
-def _changed(review: Review) -> Verdict:
-    return Verdict(
-        Action.DENY,
-        review.uid,
-        message=f"VMI {review.namespace}/{review.name}: its set of GPU devices changed while it was checked; try again",
-    )
-
-
-def _answers(review: Review, names: tuple[str, ...], request_id: str) -> dict[str, str] | Verdict | None:
-    """The answers when every device answered ``request_id``; None while some have not.
-
-    A device deleted meanwhile ends the wait with a denial (it will never answer).
-    """
-    found = models.GpuDevice.objects.filter(namespace__name=review.namespace, name__in=names).values_list(
-        "name", "vm_name", "answered_request", "answer"
-    )
-    rows = {name: (answered, answer) for name, vm, answered, answer in found if vm == review.name}
-    gone = sorted(set(names) - set(rows))
-    if gone:
-        # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
-        return Verdict(
-            Action.DENY,
-            review.uid,
-            message=f"VMI {review.namespace}/{review.name}: device gpuplane.io/{gone[0]} was deleted "
-            f"or no longer belongs to VM {review.name}; try again",
-        )
-    if any(answered != request_id for answered, _ in rows.values()):
-        return None
-    return {name: answer for name, (_, answer) in rows.items()}
-
-
-class AnswerListener:
-    """One ``LISTEN gpuplane_answers`` connection per process, shared by every waiting call.
-
-    A connection per waiting call would not scale: under 50 concurrent calls gunicorn's
-    own connections plus one listener each went past PostgreSQL's default of 100
-    connections. Here a daemon thread holds the only listener and counts notifications;
-    a caller notes the count before writing its bind requests and waits for it to move,
-    then reads the database (the truth). If the connection drops, the thread reconnects;
-    callers re-read the database every ``RECHECK_SECONDS`` anyway, so a notification
-    lost in the gap delays an answer, never loses it.
-    """
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._count = 0
-        self._thread: threading.Thread | None = None
-        self._params: dict[str, Any] = {}
-        self.listening = threading.Event()
-        self._stop = threading.Event()
-
-    def start(self) -> bool:
-        """Start the thread once per process (PostgreSQL only); True while it listens."""
-        if connection.vendor != "postgresql":
-            return False
-        with self._changed:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._params = {**connection.get_connection_params(), "connect_timeout": 2}
-                self._thread = threading.Thread(target=self._run, name="gpuplane-answer-listener", daemon=True)
-                self._thread.start()
-        return self.listening.wait(timeout=2)
-
-    @property
-    def count(self) -> int:
-        with self._changed:
-            return self._count
-
-    def wait(self, seen: int, timeout: float) -> int:
-        """Until the count passes ``seen`` or ``timeout`` seconds went by; the new count."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._count > seen, timeout=timeout)
-            return self._count
-
-    def stop(self) -> None:
-        """Close the listener (tests, and before a database is dropped); start() reopens it."""
-        thread = self._thread
-        self._stop.set()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(**self._params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
-                    self.listening.set()
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            with self._changed:
-                                self._count += 1
-                                self._changed.notify_all()
-            except psycopg.Error:
-                log.warning("LISTEN %s failed; retrying in 1 s", ANSWERS_CHANNEL, exc_info=True)
-            self.listening.clear()
-            with self._changed:  # wake waiters: they re-read the database
-                self._count += 1
-                self._changed.notify_all()
-            self._stop.wait(1)
-
-
-ANSWERS = AnswerListener()
-
-
-@contextlib.contextmanager
-def _listener() -> Iterator[AnswerListener | None]:
-    """The process's answer listener when it is listening (PostgreSQL), else None: poll."""
-    yield ANSWERS if ANSWERS.start() else None

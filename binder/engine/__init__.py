@@ -5,11 +5,11 @@ can be tested with plain objects and reused unchanged by the database-backed pas
 the webhook, the catalog and the usage records.
 """
 
-from .accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
-from .catalog import GpuOption, gpu_options
-from .launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
-from .placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
-from .types import (
+from binder.engine.accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
+from binder.engine.catalog import GpuOption, gpu_options
+from binder.engine.launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
+from binder.engine.placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
+from binder.engine.types import (
     Budget,
     Change,
     ClassStatus,

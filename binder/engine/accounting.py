@@ -13,8 +13,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from .launcher import launcher_of, raw_usage
-from .types import Budget, Cluster, DefaultBudget, Device, GpuClass, Node, Phase, Pod, Vmi
+from binder.engine.launcher import launcher_of, raw_usage
+from binder.engine.types import Budget, Cluster, DefaultBudget, Device, GpuClass, Node, Phase, Pod, Vmi
 
 SetKey = tuple[str, str]
 

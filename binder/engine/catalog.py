@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .accounting import Ledger, effective_limits, ledger_for
-from .placement import refuses_new
-from .types import Cluster, GpuClass, Node
+from binder.engine.accounting import Ledger, effective_limits, ledger_for
+from binder.engine.placement import refuses_new
+from binder.engine.types import Cluster, GpuClass, Node
 
 
 @dataclass(frozen=True, slots=True)

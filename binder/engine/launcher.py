@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .types import Device, GpuClass, Phase, Pod, Vmi
+from binder.engine.types import Device, GpuClass, Phase, Pod, Vmi
 
 #: Looks up a VMI by (namespace, name); returns None when there is none.
 VmiLookup = Callable[[str, str], Vmi | None]

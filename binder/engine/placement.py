@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from .accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key
-from .types import (
+from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key
+from binder.engine.types import (
     Budget,
     Change,
     ClassStatus,

@@ -2,7 +2,7 @@
 
 The binder's rules must be testable without a database or a cluster, and the same
 rules must run whether the objects came from PostgreSQL, SQLite or the API server.
-So the engine speaks only in these dataclasses: the Django side (``binder.passes``)
+So the engine speaks only in these dataclasses: the Django side (``binder.runtime.passes``)
 and the Kubernetes side translate to and from them, and nothing here imports Django.
 """
 

@@ -20,8 +20,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .launcher import VmiLookup, raw_usage_of
-from .types import Device, GpuClass, Phase, Pod
+from binder.engine.launcher import VmiLookup, raw_usage_of
+from binder.engine.types import Device, GpuClass, Phase, Pod
 
 
 class SubjectKind(enum.StrEnum):

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from binder.state import cluster_state
+from binder.reports.state import cluster_state
 
 
 class Command(BaseCommand):

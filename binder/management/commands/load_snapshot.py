@@ -8,8 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from binder.snapshot import SnapshotError, load_file
-from binder.tasks import queue_full_pass
+from binder.mirror.snapshot import SnapshotError, load_file
+from binder.queue import queue_full_pass
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from binder.models import PassKind
-from binder.passes import run_pass
+from binder.runtime.passes import run_pass
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from binder import kubeapi, sync
+from binder import apiserver, sync
 from binder.errors import describe
 
 
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="no progress bar on the first list")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not kubeapi.cluster_mode():
+        if not apiserver.cluster_mode():
             raise CommandError("sync_cluster needs GPUPLANE_CLUSTER=kubernetes (standalone mode has no cluster)")
         try:
             applied = self.first_list(show=not options["no_progress"])

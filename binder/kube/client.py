@@ -4,7 +4,7 @@ Everything else (sync, the binder's fresh reads and status writes, finalizers, t
 webhook's bind-request annotation, fresh VMI reads for usage records) goes through
 :class:`KubeApi`, built on the official ``kubernetes`` client. Objects travel as the
 plain JSON dicts the API server sends (camelCase, as ``kubectl get -o json`` prints
-them), because that is what ``binder.kube`` parses and validates; the client's typed
+them), because that is what ``binder.kube.objects`` parses and validates; the client's typed
 models would cost a conversion per object and a second shape to keep in step.
 
 Writes that must not overwrite someone else's change carry the ``resourceVersion``
@@ -19,13 +19,11 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from django.conf import settings
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 
-from .kube import BIND_REQUEST_ANNOTATION, GROUP
+from binder.kube.objects import BIND_REQUEST_ANNOTATION, GROUP
 
 log = logging.getLogger(__name__)
 
@@ -222,36 +220,3 @@ def without_finalizer(obj: Mapping[str, Any]) -> list[str]:
 
 def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
-
-
-_override: KubeApi | None = None
-
-
-def use(api: KubeApi | None) -> None:
-    """Point gpuplane at a given API (tests: the emulator); None goes back to the settings."""
-    global _override
-    _override = api
-    connect.cache_clear()
-
-
-@cache
-def connect() -> KubeApi:
-    """The API server of ``GPUPLANE_KUBE_HOST`` (tests, proxies), else in-cluster config,
-    else the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``)."""
-    configuration = client.Configuration()
-    if settings.GPUPLANE_KUBE_HOST:
-        configuration.host = settings.GPUPLANE_KUBE_HOST
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    return KubeApi(client.ApiClient(configuration))
-
-
-def api() -> KubeApi:
-    return _override if _override is not None else connect()
-
-
-def cluster_mode() -> bool:
-    return bool(settings.GPUPLANE_CLUSTER == "kubernetes")

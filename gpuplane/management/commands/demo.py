@@ -11,9 +11,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from binder.mirror.snapshot import SnapshotError, load_file
 from binder.models import GpuDevice, PassKind, Phase
-from binder.passes import run_pass
-from binder.snapshot import SnapshotError, load_file
+from binder.runtime.passes import run_pass
 from usage.tenancy import issue_token
 
 #: The demo's tenant login for the API: a token that reads this namespace only.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import models
+from binder import models
 
 #: The newest decisions shown on one page; older ones are counted, not listed.
 LIMIT = 500

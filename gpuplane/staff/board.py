@@ -22,10 +22,10 @@ from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
 
-from .engine import ledger_for
-from .engine import types as e
-from .engine.launcher import launcher_of, raw_usage
-from .palette import tenant_colour
+from binder.engine import ledger_for
+from binder.engine import types as e
+from binder.engine.launcher import launcher_of, raw_usage
+from gpuplane.staff.palette import tenant_colour
 
 
 class BoardFilterError(ValueError):

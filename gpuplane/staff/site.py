@@ -27,7 +27,7 @@ class GpuplaneAdminSite(AdminSite):
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         # Imported here: the site is created while apps load, before models may be imported.
-        from . import admin_views as views
+        from gpuplane.staff import views
 
         def page(route: str, view: Any, name: str) -> URLPattern:
             return path(route, self.admin_view(view), {"site": self}, name=name)
@@ -45,4 +45,4 @@ class GpuplaneAdminSite(AdminSite):
 class GpuplaneAdminConfig(AdminConfig):
     """``django.contrib.admin`` with :class:`GpuplaneAdminSite` as the default site."""
 
-    default_site = "binder.admin_site.GpuplaneAdminSite"
+    default_site = "gpuplane.staff.site.GpuplaneAdminSite"

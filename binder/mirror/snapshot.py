@@ -10,21 +10,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.db import transaction
 
-from . import models
-from .kube import ObjectError, Parsed, parse_object
+from binder.kube.objects import ObjectError, Parsed, parse_object
+from binder.mirror.write import LoadReport, clear_mirror, write_parsed
 
 #: Refuse absurd files before parsing them (a snapshot of 100k devices is ~100 MB).
 MAX_SNAPSHOT_BYTES = 512 * 1024 * 1024
-
-NAMESPACED = {"GPU", "GPUBudget", "VirtualMachineInstance", "Pod"}
-
 
 class SnapshotError(ValueError):
     """The snapshot cannot be loaded; ``problems`` lists every reason found."""
@@ -34,26 +30,6 @@ class SnapshotError(ValueError):
         shown = problems[:20]
         more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
         super().__init__("snapshot rejected, nothing loaded:\n" + "\n".join(f"- {p}" for p in shown) + more)
-
-
-@dataclass
-class LoadReport:
-    """What a load wrote (per kind) and what it skipped."""
-
-    loaded: Counter[str] = field(default_factory=Counter)
-    skipped: Counter[str] = field(default_factory=Counter)
-    created_namespaces: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        parts = [f"{n} {kind}" for kind, n in sorted(self.loaded.items())]
-        text = "loaded " + (", ".join(parts) if parts else "nothing")
-        if self.created_namespaces:
-            text += f"; created namespaces not in the file: {', '.join(self.created_namespaces)}"
-        if self.skipped:
-            text += "; skipped kinds gpuplane does not mirror: " + ", ".join(
-                f"{n} {kind}" for kind, n in sorted(self.skipped.items())
-            )
-        return text
 
 
 def read_documents(path: Path) -> list[Any]:
@@ -163,15 +139,6 @@ def parse_all(objects: Iterable[Any], locations: Sequence[str] | None = None) ->
     return parsed, skipped
 
 
-def clear_mirror() -> None:
-    """Delete every mirrored object; pass history and decisions are kept."""
-    for model in (models.GpuDevice, models.GpuBudget, models.Pod, models.VirtualMachineInstance):
-        model.objects.all().delete()
-    models.Namespace.objects.all().delete()
-    models.Node.objects.all().delete()
-    models.GpuClass.objects.all().delete()
-
-
 def load_objects(
     objects: Iterable[Any], *, replace: bool = False, locations: Sequence[str] | None = None
 ) -> LoadReport:
@@ -183,48 +150,6 @@ def load_objects(
             clear_mirror()
         write_parsed(parsed, report)
     return report
-
-
-def write_parsed(parsed: Sequence[Parsed], report: LoadReport | None = None) -> LoadReport:
-    """Upsert objects already parsed (and checked) by ``binder.kube``, in one transaction,
-    creating the namespaces they name; what a load writes after parsing, and what the
-    cluster sync writes."""
-    report = report if report is not None else LoadReport()
-    with transaction.atomic():
-        by_kind: dict[str, list[Parsed]] = {}
-        for item in parsed:
-            by_kind.setdefault(item.kind, []).append(item)
-        _upsert(models.Namespace, by_kind.get("Namespace", []), report)
-        wanted = sorted({item.namespace for item in parsed if item.kind in NAMESPACED})
-        existing = set(models.Namespace.objects.filter(name__in=wanted).values_list("name", flat=True))
-        missing = [name for name in wanted if name not in existing]
-        models.Namespace.objects.bulk_create([models.Namespace(name=name) for name in missing])
-        report.created_namespaces = missing
-        ns_ids = dict(models.Namespace.objects.filter(name__in=wanted).values_list("name", "id"))
-        _upsert(models.Node, by_kind.get("Node", []), report)
-        _upsert(models.GpuClass, by_kind.get("GPUClass", []), report)
-        _upsert(models.GpuDevice, by_kind.get("GPU", []), report, ns_ids)
-        _upsert(models.GpuBudget, by_kind.get("GPUBudget", []), report, ns_ids)
-        _upsert(models.VirtualMachineInstance, by_kind.get("VirtualMachineInstance", []), report, ns_ids)
-        _upsert(models.Pod, by_kind.get("Pod", []), report, ns_ids)
-    return report
-
-
-def _upsert(model: Any, items: list[Parsed], report: LoadReport, ns_ids: Mapping[str, int] | None = None) -> None:
-    if not items:
-        return
-    rows = []
-    for item in items:
-        values = dict(item.values)
-        if ns_ids is not None:
-            values["namespace_id"] = ns_ids[item.namespace]
-        rows.append(model(name=item.name, **values))
-    update_fields = list(items[0].values)
-    unique = ["namespace", "name"] if ns_ids is not None else ["name"]
-    model.objects.bulk_create(
-        rows, batch_size=1000, update_conflicts=True, unique_fields=unique, update_fields=update_fields
-    )
-    report.loaded[items[0].kind] += len(rows)
 
 
 def load_file(path: Path, *, replace: bool = False) -> LoadReport:

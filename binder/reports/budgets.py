@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .engine import effective_limits, ledger_for, tenant_usage
-from .engine import types as e
-from .engine.accounting import is_raw_key
+from binder.engine import effective_limits, ledger_for, tenant_usage
+from binder.engine import types as e
+from binder.engine.accounting import is_raw_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The binder's side of cluster mode: fresh reads, status writes, finalizer release.
 
 In cluster mode the API server, not the database, is the truth about placement, so a
-pass (``binder.passes.run_pass``) does three things around the pure engine:
+pass (``binder.runtime.passes.run_pass``) does three things around the pure engine:
 
 1. **Read fresh** (SPEC §4): at the start of every pass, inside its lock, list GPU,
    GPUClass and GPUBudget objects from the API server and bring the mirror's rows in
@@ -26,11 +26,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import kubeapi
-from .engine import PassResult
-from .engine import types as e
-from .errors import describe, is_transient
-from .sync import mirror_list, object_key
+from binder import apiserver
+from binder.engine import PassResult
+from binder.engine import types as e
+from binder.errors import describe, is_transient
+from binder.kube import client as kube_client
+from binder.mirror.write import mirror_list, object_key
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class FreshRead:
 
 def read_fresh() -> FreshRead:
     """List GPUs, classes and budgets from the API server and mirror them (in the pass's transaction)."""
-    api = kubeapi.api()
+    api = apiserver.api()
     fresh = FreshRead()
     for kind in ("GPUClass", "GPUBudget", "GPU"):
         listing = api.list(kind)
@@ -56,7 +57,7 @@ def read_fresh() -> FreshRead:
             key = (kind, *object_key(kind, obj))
             fresh.versions[key] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
             fresh.statuses[key] = dict(obj.get("status") or {})
-            if kind in ("GPU", "GPUClass") and kubeapi.is_deleting(obj):
+            if kind in ("GPU", "GPUClass") and kube_client.is_deleting(obj):
                 fresh.deleting.append((kind, obj))
     return fresh
 
@@ -80,7 +81,7 @@ def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]
     ``changes`` and ``answered``: the mirror, the decision log and the usage records
     then describe the cluster as it is, and the next pass starts from there.
     """
-    api = kubeapi.api()
+    api = apiserver.api()
     written: list[e.Device] = []
     failed = 0
     for device in result.devices:
@@ -107,7 +108,7 @@ def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]
     return narrowed, failed
 
 
-def _write_class_and_budget_status(api: kubeapi.KubeApi, result: PassResult, fresh: FreshRead) -> int:
+def _write_class_and_budget_status(api: kube_client.KubeApi, result: PassResult, fresh: FreshRead) -> int:
     failed = 0
     wanted: list[tuple[str, str, str, dict[str, Any]]] = [
         ("GPUClass", "", name, {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost})
@@ -129,15 +130,15 @@ def _write_class_and_budget_status(api: kubeapi.KubeApi, result: PassResult, fre
 
 def release_finalizers(fresh: FreshRead) -> int:
     """Remove gpuplane's finalizer from the deleted GPUs and classes this pass released."""
-    api = kubeapi.api()
+    api = apiserver.api()
     released = 0
     for kind, obj in fresh.deleting:
         ns, name = object_key(kind, obj)
         meta = obj.get("metadata") or {}
-        if kubeapi.FINALIZER not in (meta.get("finalizers") or []):
+        if kube_client.FINALIZER not in (meta.get("finalizers") or []):
             continue
         try:
-            api.set_finalizers(kind, ns, name, kubeapi.without_finalizer(obj), str(meta.get("resourceVersion")))
+            api.set_finalizers(kind, ns, name, kube_client.without_finalizer(obj), str(meta.get("resourceVersion")))
         except Exception as exc:
             log.info("finalizer of %s %s left for the next pass: %s", kind, name, describe(exc))
             continue

@@ -11,10 +11,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import models
-from .engine import effective_limits, ledger_for, tenant_usage
-from .engine import types as e
-from .mirror import read_cluster
+from binder import models
+from binder.engine import effective_limits, ledger_for, tenant_usage
+from binder.engine import types as e
+from binder.mirror.read import read_cluster
 
 
 def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:

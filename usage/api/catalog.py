@@ -22,11 +22,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from usage.api import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedMixin
+from binder.engine.catalog import gpu_options
+from binder.mirror.read import read_cluster
+from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedMixin
 from usage.tenancy import NAMESPACE_NAME
-
-from .engine.catalog import gpu_options
-from .mirror import read_cluster
 
 
 class GpuOptionSerializer(serializers.Serializer):

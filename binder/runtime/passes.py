@@ -1,6 +1,6 @@
 """Run a binder pass against the database: read fresh, decide, write what changed.
 
-A pass is one transaction under the cluster-wide pass lock (``binder.locking``): it
+A pass is one transaction under the cluster-wide pass lock (``binder.runtime.locking``): it
 reads every device inside the transaction, after taking the lock, so units booked by
 the previous pass are always seen; it writes only the devices whose fields changed
 (never ``bind_request``, which belongs to the webhook), one decision row per
@@ -21,18 +21,16 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from binder import apiserver, models
+from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
+from binder.engine import types as e
+from binder.mirror.read import read_cluster
+from binder.runtime import cluster
+from binder.runtime.answers import notify_answers
+from binder.runtime.locking import pass_lock
 from usage.records import record_usage
 
-from . import cluster, kubeapi, models
-from .engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
-from .engine import types as e
-from .locking import pass_lock
-from .mirror import read_cluster
-
 log = logging.getLogger(__name__)
-
-#: The PostgreSQL NOTIFY channel a pass that answered bind requests signals (payload: pass id).
-ANSWERS_CHANNEL = "gpuplane_answers"
 
 #: The fields a pass may write on a device.
 PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer")
@@ -50,7 +48,7 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
     fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
-        if kubeapi.cluster_mode():
+        if apiserver.cluster_mode():
             fresh = cluster.read_fresh()  # SPEC §4: devices from the API server, not a cache
         snapshot, ids = read_cluster(now)
         result = engine(snapshot)
@@ -93,20 +91,6 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         run.duration_ms,
     )
     return run
-
-
-def notify_answers(pass_id: int) -> None:
-    """Wake the webhooks waiting for bind answers (PostgreSQL ``NOTIFY``).
-
-    Sent inside the pass transaction: PostgreSQL delivers it only when the pass commits,
-    so a woken webhook always finds the answers in the database (its truth) and never a
-    notification for a pass that rolled back. On SQLite the embedded default runs the
-    answer pass in-process before the webhook starts waiting, so there is no one to wake.
-    """
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [ANSWERS_CHANNEL, str(pass_id)])
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 Each view checks the model permission its page reads (staff without it get 403, like
 any admin page; non-staff never get here: ``AdminSite.admin_view`` sends them to the
 login), parses its parameters into a clear message when they are bad (HTTP 400, never
-a 500), calls one domain function (``binder.board``, ``binder.budgets``,
-``binder.history``, ``binder.actions``, ``usage.daily``) and renders a template under
+a 500), calls one domain function (``gpuplane.staff.board``, ``binder.reports.budgets``,
+``binder.reports.history``, ``binder.actions``, ``usage.daily``) and renders a template under
 ``templates/admin/gpuplane/``.
 """
 
@@ -27,17 +27,16 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 
+from binder import models
+from binder.actions import full_pass_now
+from binder.mirror.read import read_cluster
+from binder.reports.budgets import budget_bars
+from binder.reports.history import HistoryQueryError, decision_log
+from gpuplane.staff.board import BoardFilterError, Filters, build_board
+from gpuplane.staff.palette import categorical, tenant_colour
 from usage.daily import MAX_DAYS, daily_gpu_hours, stacked_bars
 from usage.models import UsageRecord
 from usage.queries import namespace_known
-
-from . import models
-from .actions import full_pass_now
-from .board import BoardFilterError, Filters, build_board
-from .budgets import budget_bars
-from .history import HistoryQueryError, decision_log
-from .mirror import read_cluster
-from .palette import categorical, tenant_colour
 
 #: Default usage-chart window: the last two weeks, today included.
 DEFAULT_CHART_DAYS = 14

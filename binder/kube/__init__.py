@@ -1,0 +1,1 @@
+"""Django-free Kubernetes: the kinds gpuplane reads, their parser, and the API client."""

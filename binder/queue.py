@@ -1,0 +1,124 @@
+"""Asking for a pass: the one way every caller (signals, sync, staff, webhook) queues one.
+
+Callers never run a pass inline: they call :func:`queue_full_pass` or
+:func:`queue_answer_pass`, which publish after the current transaction commits (so
+the pass sees what the caller wrote), at most once per transaction.
+
+Collapse (SPEC §4): any number of events while a pass of a kind is queued add nothing.
+A Redis key, set-if-absent when a pass is published and deleted when that pass starts,
+says "one is queued"; an event after the start publishes the next one, so nothing
+that happened after the pass read the cluster is missed. The key expires after
+``COLLAPSE_TTL`` so a message lost with its broker cannot mute passes for good (the
+periodic resync covers the gap). Priority: answer passes go out with priority 0, full
+passes with 9 (see settings: one queue, Redis priority lists).
+
+Tasks are published by name (``binder.tasks`` registers them when the binder app is
+ready), so asking for a pass never imports the pass: the webhook, the sync and the
+mirror writes stay below the pass in the import graph. Without a broker (the embedded
+default) Celery runs the task in-process at commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import cache
+
+import redis
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+from binder.models import PassKind
+
+log = logging.getLogger(__name__)
+
+#: The queue every binder task goes to (routed in settings.CELERY_TASK_ROUTES).
+BINDER_QUEUE = "binder"
+PRIORITY = {PassKind.ANSWER: 0, PassKind.FULL: 9}
+COLLAPSE_KEY = "gpuplane:{kind}-pass-queued"
+COLLAPSE_TTL = 300
+
+
+def collapse_key(kind: str) -> str:
+    """The collapse flag of ``kind``, under the broker's key prefix like the queue itself."""
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS or {}
+    return str(options.get("global_keyprefix") or "") + COLLAPSE_KEY.format(kind=kind)
+
+
+@cache
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def collapse_client() -> redis.Redis | None:
+    """The broker's Redis, when the broker is Redis (collapse needs it); else None."""
+    url = settings.CELERY_BROKER_URL
+    if settings.CELERY_TASK_ALWAYS_EAGER or not url or not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return _redis(url)
+
+
+def _claim(kind: str) -> bool:
+    """True if no pass of ``kind`` is queued yet (and mark one as queued)."""
+    client = collapse_client()
+    if client is None:
+        return True
+    try:
+        return bool(client.set(collapse_key(kind), "1", nx=True, ex=COLLAPSE_TTL))
+    except redis.RedisError:
+        log.warning("collapse key unavailable; publishing the %s pass anyway", kind, exc_info=True)
+        return True
+
+
+def release(kind: str) -> None:
+    """A pass of ``kind`` starts: events from now on need another pass."""
+    client = collapse_client()
+    if client is None:
+        return
+    try:
+        client.delete(collapse_key(kind))
+    except redis.RedisError:
+        log.warning("could not clear the %s collapse key; it expires in %ss", kind, COLLAPSE_TTL, exc_info=True)
+
+
+#: Celery task names (stable: queued messages and beat schedules name them).
+TASK_NAMES = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
+
+
+def _publish(kind: str) -> None:
+    current_app.tasks[TASK_NAMES[kind]].apply_async(priority=PRIORITY[kind])
+
+
+def send_full_pass() -> None:
+    """Publish a full pass now (not at commit) unless one is queued: the periodic resync."""
+    if _claim(PassKind.FULL):
+        _publish(PassKind.FULL)
+
+
+def _send_answer_pass() -> None:
+    if _claim(PassKind.ANSWER):
+        _publish(PassKind.ANSWER)
+
+
+def _queue_on_commit(send: Callable[[], None]) -> None:
+    """Register ``send`` to run at commit, once per transaction.
+
+    Django itself drops the callbacks of a rolled-back transaction or savepoint from
+    ``run_on_commit``, so looking there (rather than keeping a flag of our own) can
+    never leave a stale "already queued" mark behind after a rollback.
+    """
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(entry[1] is send for entry in connection.run_on_commit):
+        return
+    transaction.on_commit(send)
+
+
+def queue_full_pass() -> None:
+    """Ask for a full pass once the current transaction commits."""
+    _queue_on_commit(send_full_pass)
+
+
+def queue_answer_pass() -> None:
+    """Ask for an answer pass once the current transaction commits."""
+    _queue_on_commit(_send_answer_pass)

@@ -1,0 +1,1 @@
+"""Reports staff and the CLI read: the cluster state, budgets, decision history."""

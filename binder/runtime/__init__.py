@@ -1,0 +1,1 @@
+"""A pass at run time: the cluster-wide lock, the pass itself, the API server side, answers."""

@@ -1,0 +1,111 @@
+"""Authentication, tenant scoping and the 404 rule: the one base every tenant view derives from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+
+from usage import queries
+from usage.tenancy import Visible, may_read, visible_namespaces
+
+# -- the base: authentication, scoping, 404 ---------------------------------------------------
+
+
+class TenantScopedMixin:
+    """Authenticated, tenant-scoped: the one place the API applies "who sees what".
+
+    ``scoped_queryset()`` is the model's queryset limited to the user's namespaces;
+    ``tenant(ns)`` returns ``ns`` if the user may read it and it is known, else raises
+    404 (never 403, so another tenant's namespace names do not leak).
+    """
+
+    permission_classes = [IsAuthenticated]
+    request: Request
+    kwargs: dict[str, Any]
+    scoped_model: Any = None
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
+        if request.query_params.get("format") == "":
+            raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})
+
+    def visible(self) -> Visible:
+        return visible_namespaces(self.request.user)
+
+    def scoped_queryset(self) -> QuerySet[Any]:
+        return self.scoped_model.objects.for_tenant(self.visible())  # type: ignore[no-any-return]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view
+            return self.scoped_model.objects.none()  # type: ignore[no-any-return]
+        return self.tenant_queryset()
+
+    def tenant_queryset(self) -> QuerySet[Any]:
+        """The view's rows; override to narrow ``scoped_queryset()`` further."""
+        return self.scoped_queryset()
+
+    def tenant(self, namespace: str | None = None) -> str:
+        namespace = namespace if namespace is not None else self.kwargs["namespace"]
+        if not may_read(self.request.user, namespace) or not queries.namespace_known(namespace):
+            raise NotFound(f"namespace {namespace!r} not found")
+        return namespace
+
+
+class Pages(PageNumberPagination):
+    """``?page=N&page_size=M`` (default 100, at most 1000).
+
+    A page or size that is not a positive integer, or a size above 1000, is a 400 naming
+    the parameter (DRF alone answers 404 "Invalid page" for ``page=0`` and silently
+    ignores a bad size); a page past the last one is 404, as in DRF.
+    """
+
+    page_size = 100
+    page_size_query_param = "page_size"
+    max_page_size = 1000
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        self.check_parameters(request)
+        return super().paginate_queryset(queryset, request, view)
+
+    def check_parameters(self, request: Request) -> None:
+        """400 naming ``page`` or ``page_size`` if either is given and not valid."""
+        for name in (self.page_query_param, self.page_size_query_param):
+            raw = request.query_params.get(name)
+            if raw is None or raw == "last" and name == self.page_query_param:
+                continue
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValidationError({name: [f"must be a positive integer, got {raw!r}"]})
+            if name == self.page_size_query_param and int(raw) > self.max_page_size:
+                raise ValidationError({name: [f"must be at most {self.max_page_size}, got {raw}"]})
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = 1
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["maximum"] = self.max_page_size
+        return parameters
+
+
+NOT_FOUND = OpenApiResponse(
+    inline_serializer("NotFound", fields={"detail": serializers.CharField()}),
+    description="no such namespace or object, or not yours",
+)
+UNAUTHORIZED = OpenApiResponse(
+    inline_serializer("Unauthorized", fields={"detail": serializers.CharField()}),
+    description="no or bad credentials",
+)
+BAD_REQUEST = OpenApiResponse(
+    OpenApiTypes.OBJECT, description='a parameter is invalid: the body names it, e.g. {"from": ["..."]}'
+)
+
+

@@ -1,0 +1,129 @@
+"""The API's shapes: records, usage per key, GPU-hours, devices and decisions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import inline_serializer
+from rest_framework import serializers
+
+from binder import models as binder_models
+from usage.models import UsageRecord
+
+# -- serializers ----------------------------------------------------------------------------
+
+
+class Hours(serializers.FloatField):
+    """GPU-hours, to the microhour (SQLite's julianday arithmetic leaves float dust)."""
+
+    def to_representation(self, value: Any) -> float:
+        return round(float(value), 6)
+
+
+class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """One usage record. ``gpuHours`` = units × hours of the whole record (until now if open)."""
+
+    subjectKind = serializers.CharField(source="subject_kind")  # noqa: N815
+    subjectUid = serializers.CharField(source="subject_uid")  # noqa: N815
+    vmName = serializers.CharField(source="vm_name")  # noqa: N815
+    resourceName = serializers.CharField(source="resource_name")  # noqa: N815
+    open = serializers.BooleanField(source="is_open")
+    gpuHours = Hours(source="gpu_hours", help_text="units × hours, until now while open")  # noqa: N815
+    openedByPass = serializers.IntegerField(source="opened_by_pass", allow_null=True)  # noqa: N815
+    closedByPass = serializers.IntegerField(source="closed_by_pass", allow_null=True)  # noqa: N815
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "id",
+            "namespace",
+            "subjectKind",
+            "subject",
+            "subjectUid",
+            "vmName",
+            "key",
+            "resourceName",
+            "units",
+            "node",
+            "phase",
+            "start",
+            "end",
+            "open",
+            "gpuHours",
+            "openedByPass",
+            "closedByPass",
+        ]
+
+
+class KeyUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    key = serializers.CharField(help_text="a class name, or a raw resource name (contains /)")
+    kind = serializers.ChoiceField(choices=["class", "raw"])
+    used = serializers.IntegerField(help_text="units in use now (SPEC §3)")
+    limit = serializers.IntegerField(allow_null=True, help_text="smallest limit over the tenant's budgets; null: none")
+    remaining = serializers.IntegerField(allow_null=True, help_text="limit − used, at least 0; null: no limit")
+    gpuHours = serializers.FloatField(  # noqa: N815
+        source="gpu_hours", help_text="units × hours held in the window, counted as budgets count the key"
+    )
+
+
+class GpuHoursSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    total = serializers.FloatField(help_text="every record once: each GPU counted once")
+    devices = serializers.FloatField(help_text="records of GPU devices (Bound or Lost)")
+    pods = serializers.FloatField(help_text="pods' raw-name usage records")
+
+
+class TenantUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    namespace = serializers.CharField()
+    window = inline_serializer(
+        "UsageWindow", fields={"from": serializers.DateTimeField(), "to": serializers.DateTimeField()}
+    )
+    asOf = serializers.DateTimeField(source="as_of", help_text="when usage was read")  # noqa: N815
+    keys = KeyUsageSerializer(many=True)
+    gpuHours = GpuHoursSerializer(source="gpu_hours")  # noqa: N815
+    openRecords = UsageRecordSerializer(many=True, source="open_records")  # noqa: N815
+
+
+class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """A GPU device: where it is and why."""
+
+    namespace = serializers.CharField(source="namespace.name")
+    className = serializers.CharField(source="class_name")  # noqa: N815
+    vmName = serializers.CharField(source="vm_name")  # noqa: N815
+    since = serializers.DateTimeField(allow_null=True)
+    answer = serializers.CharField(help_text="the binder's answer to the latest bind request")
+
+    class Meta:
+        model = binder_models.GpuDevice
+        fields = ["namespace", "name", "className", "vmName", "phase", "node", "since", "reason", "answer"]
+
+
+class DecisionSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """One placement change of a device: which pass, from where to where, and why."""
+
+    passId = serializers.IntegerField(source="pass_run_id")  # noqa: N815
+    passKind = serializers.CharField(source="pass_run.kind")  # noqa: N815
+    at = serializers.DateTimeField(source="created")
+    vmName = serializers.CharField(source="vm_name")  # noqa: N815
+    device = serializers.CharField(source="device_name")
+    fromPhase = serializers.CharField(source="from_phase")  # noqa: N815
+    fromNode = serializers.CharField(source="from_node")  # noqa: N815
+    toPhase = serializers.CharField(source="to_phase")  # noqa: N815
+    toNode = serializers.CharField(source="to_node")  # noqa: N815
+
+    class Meta:
+        model = binder_models.Decision
+        fields = [
+            "passId",
+            "passKind",
+            "at",
+            "namespace",
+            "vmName",
+            "device",
+            "fromPhase",
+            "fromNode",
+            "toPhase",
+            "toNode",
+            "reason",
+        ]
+
+

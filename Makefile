@@ -32,9 +32,10 @@ test: $(VENV)/.dev
 test-postgres: $(VENV)/.dev
 	DATABASE_URL=$(PG_URL) GPUPLANE_FORBID_SKIPS=1 $(PY) -m pytest
 
-## lint: ruff and mypy (strict on the engine)
+## lint: ruff, the import contracts (.importlinter, see docs/ARCHITECTURE.md) and mypy --strict
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
 check: lint test test-postgres

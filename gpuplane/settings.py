@@ -86,7 +86,7 @@ ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,12
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
-    "gpuplane.staff.site.GpuplaneAdminConfig",  # django.contrib.admin with the staff pages
+    "gpuplane.staff.apps.GpuplaneAdminConfig",  # django.contrib.admin with the staff pages
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -4,7 +4,7 @@ The placement board, budgets, usage chart, decision log and the "run a full pass
 action answer questions across models, so they are not ModelAdmin views; adding them
 through ``AdminSite.get_urls`` (Django's documented hook) gives them the admin's own
 login, staff check, CSRF and layout, and puts them under the ``admin:`` URL namespace.
-``GpuplaneAdminConfig`` replaces ``django.contrib.admin`` in ``INSTALLED_APPS`` so that
+``gpuplane.staff.apps.GpuplaneAdminConfig`` replaces ``django.contrib.admin`` in ``INSTALLED_APPS`` so that
 ``admin.site`` (and every ``@admin.register``) is this site.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.admin import AdminSite
-from django.contrib.admin.apps import AdminConfig
 from django.urls import URLPattern, URLResolver, path
+
+from gpuplane.staff import views
 
 
 class GpuplaneAdminSite(AdminSite):
@@ -26,9 +27,6 @@ class GpuplaneAdminSite(AdminSite):
     index_template = "admin/gpuplane/index.html"
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
-        # Imported here: the site is created while apps load, before models may be imported.
-        from gpuplane.staff import views
-
         def page(route: str, view: Any, name: str) -> URLPattern:
             return path(route, self.admin_view(view), {"site": self}, name=name)
 
@@ -40,9 +38,3 @@ class GpuplaneAdminSite(AdminSite):
             page("run-pass/", views.run_pass, "run-pass"),
         ]
         return staff_pages + super().get_urls()
-
-
-class GpuplaneAdminConfig(AdminConfig):
-    """``django.contrib.admin`` with :class:`GpuplaneAdminSite` as the default site."""
-
-    default_site = "gpuplane.staff.site.GpuplaneAdminSite"

@@ -168,7 +168,7 @@ class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
     model = models.Decision
     extra = 0
     can_delete = False
-    fields = ["namespace", "vm_name", "device_name", "from_phase", "from_node", "to_phase", "to_node", "reason"]
+    fields = ("namespace", "vm_name", "device_name", "from_phase", "from_node", "to_phase", "to_node", "reason")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

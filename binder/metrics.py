@@ -56,7 +56,7 @@ OUTCOMES = tuple(o.value for o in Outcome)
 
 
 def _le(ms: float) -> str:
-    return floatToGoString(ms / 1000)
+    return str(floatToGoString(ms / 1000))  # type: ignore[no-untyped-call] # prometheus_client leaves it untyped
 
 
 def _buckets(row: Mapping[str, Any], bounds_ms: Sequence[int]) -> list[tuple[str, float]]:
@@ -117,7 +117,7 @@ class DatabaseCollector(Collector):
 
     def pass_metrics(self) -> Iterator[Metric]:
         """Passes, their set outcomes and their duration: one GROUP BY kind query."""
-        rows = {
+        rows: dict[str, Mapping[str, Any]] = {
             row["kind"]: row
             for row in models.PassRun.objects.order_by()
             .values("kind")
@@ -171,7 +171,7 @@ class DatabaseCollector(Collector):
             labels=["allowed"],
         )
         for allowed in (False, True):
-            row = rows.get(allowed) or {"answers": 0, **_empty_histogram_row(ANSWER_BUCKETS_MS)}
+            row: Mapping[str, Any] = rows.get(allowed) or {"answers": 0, **_empty_histogram_row(ANSWER_BUCKETS_MS)}
             label = "true" if allowed else "false"
             answers.add_metric([label], row["answers"])
             latency.add_metric([label], _buckets(row, ANSWER_BUCKETS_MS), (row["observed_sum"] or 0) / 1000)

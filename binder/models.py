@@ -8,20 +8,26 @@ engine's plain dataclasses and back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Self, TypeVar
+
 from django.core.validators import MinValueValidator
 from django.db import models
 
 from binder.engine import types as engine
 
+_M = TypeVar("_M", bound=models.Model)
 
-class TenantQuerySet(models.QuerySet):
+
+class TenantQuerySet(models.QuerySet[_M]):
     """Querysets of namespaced objects carry tenant scoping, so no view can forget it."""
 
-    def for_tenant(self, namespaces):  # type: ignore[no-untyped-def]
+    def for_tenant(self, namespaces: Iterable[str] | None) -> Self:
         """Rows of the given namespaces only (``None`` means all: staff)."""
         if namespaces is None:
             return self
-        return self.filter(**{self.model.NAMESPACE_LOOKUP + "__in": list(namespaces)})
+        lookup: str = getattr(self.model, "NAMESPACE_LOOKUP")  # noqa: B009 - set on every tenant-scoped model
+        return self.filter(**{lookup + "__in": list(namespaces)})
 
 
 class Namespace(models.Model):
@@ -68,7 +74,7 @@ class Node(models.Model):
 
     @property
     def draining(self) -> bool:
-        return str(self.labels.get(engine.DRAIN_LABEL, "")).lower() == "true"
+        return engine.is_draining(self.labels or {})
 
 
 class GpuClass(models.Model):

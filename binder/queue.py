@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 #: The queue every binder task goes to (routed in settings.CELERY_TASK_ROUTES).
 BINDER_QUEUE = "binder"
-PRIORITY = {PassKind.ANSWER: 0, PassKind.FULL: 9}
+PRIORITY: dict[str, int] = {PassKind.ANSWER: 0, PassKind.FULL: 9}
 COLLAPSE_KEY = "gpuplane:{kind}-pass-queued"
 COLLAPSE_TTL = 300
 
@@ -47,11 +47,11 @@ def collapse_key(kind: str) -> str:
 
 
 @cache
-def _redis(url: str) -> redis.Redis:
+def _redis(url: str) -> redis.Redis[bytes]:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
-def collapse_client() -> redis.Redis | None:
+def collapse_client() -> redis.Redis[bytes] | None:
     """The broker's Redis, when the broker is Redis (collapse needs it); else None."""
     url = settings.CELERY_BROKER_URL
     if settings.CELERY_TASK_ALWAYS_EAGER or not url or not url.startswith(("redis://", "rediss://", "unix://")):
@@ -83,7 +83,7 @@ def release(kind: str) -> None:
 
 
 #: Celery task names (stable: queued messages and beat schedules name them).
-TASK_NAMES = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
+TASK_NAMES: dict[str, str] = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
 
 
 def _publish(kind: str) -> None:

@@ -21,6 +21,7 @@ receiving an event to its row being committed, relists, 410s, last error), which
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -162,7 +163,7 @@ class KindSync:
                 log.info("sync: %s watch expired (%s): listing again", self.kind, exc)
                 self.resource_version = ""
                 record_status(self.kind, add={"gone": 1})
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - classified by binder.errors; the loop lists again
                 failures += 1
                 self.resource_version = ""
                 transient = is_transient(exc)
@@ -175,10 +176,8 @@ class KindSync:
                     "transient" if transient else "permanent",
                     delay,
                 )
-                try:
+                with contextlib.suppress(Exception):  # the database may be the failure; the log has it
                     record_status(self.kind, last_error=describe(exc)[:500], add={"errors": 1})
-                except Exception:  # noqa: S110 - the database may be the failure; the log has it
-                    pass
                 close_old_connections()
                 self.stop.wait(delay)
         connection.close()

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
-from django.db.models import ExpressionWrapper, F, FloatField, Sum, Value
+from django.db.models import ExpressionWrapper, F, FloatField, QuerySet, Sum, Value
 from django.db.models.functions import Greatest, Least
 
 from usage.models import UsageRecord
@@ -47,10 +48,9 @@ class DailyHours:
 
     def by(self, what: str) -> dict[str, dict[date, float]]:
         """Series → day → GPU-hours, summing the rounded cells: ``what`` is "tenant" or "key"."""
-        index = 1 if what == "tenant" else 2
         out: dict[str, dict[date, float]] = defaultdict(lambda: defaultdict(float))
-        for cell, hours in self.cells.items():
-            out[cell[index]][cell[0]] += hours
+        for (day, tenant, key), hours in self.cells.items():
+            out[tenant if what == "tenant" else key][day] += hours
         return {s: {d: round(h, DECIMALS) for d, h in sorted(days.items())} for s, days in sorted(out.items())}
 
     def rows(self) -> list[tuple[date, str, str, float]]:
@@ -72,7 +72,7 @@ def daily_gpu_hours(first: date, last: date, now: datetime, *, namespace: str = 
         raise ValueError("the last day is before the first")
     if (last - first).days + 1 > MAX_DAYS:
         raise ValueError(f"a window covers at most {MAX_DAYS} days")
-    records = UsageRecord.objects.all()
+    records: QuerySet[UsageRecord] = UsageRecord.objects.all()
     if namespace:
         records = records.filter(namespace=namespace)
     if key:
@@ -93,7 +93,7 @@ def daily_gpu_hours(first: date, last: date, now: datetime, *, namespace: str = 
     if columns:
         for row in records.order_by().values("namespace", "key").annotate(**columns):
             for i, day in enumerate(days):
-                value = row.get(f"d{i}")
+                value: Any = row.get(f"d{i}")  # a float column the stubs cannot see
                 hours = round(max(0.0, float(value or 0.0)) / SECONDS_PER_HOUR, DECIMALS)
                 if hours > 0:
                     cells[(day, row["namespace"], row["key"])] = hours

@@ -19,6 +19,7 @@ from django.db.models import Q
 
 from binder.engine.usage import RecordPhase as EngineRecordPhase
 from binder.engine.usage import SubjectKind as EngineSubjectKind
+from binder.models import TenantQuerySet
 
 #: The only columns a write may change on an open record: closing it.
 CLOSING_FIELDS = frozenset({"end", "closed_by_pass"})
@@ -39,16 +40,9 @@ class RecordPhase(models.TextChoices):
     RAW = EngineRecordPhase.RAW.value
 
 
-class UsageRecordQuerySet(models.QuerySet):  # type: ignore[type-arg]
-    """Records scoped per tenant; bulk writes may only close open records, never delete."""
-
-    NAMESPACE_LOOKUP = "namespace"
-
-    def for_tenant(self, namespaces: Any) -> UsageRecordQuerySet:
-        """Records of the given namespaces only (``None`` means all: staff)."""
-        if namespaces is None:
-            return self
-        return self.filter(namespace__in=list(namespaces))
+class UsageRecordQuerySet(TenantQuerySet["UsageRecord"]):
+    """Records scoped per tenant (``for_tenant``, the mirror's one rule); bulk writes may only
+    close open records, never delete."""
 
     def open(self) -> UsageRecordQuerySet:
         return self.filter(end__isnull=True)

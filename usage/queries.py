@@ -18,9 +18,8 @@ from django.db.models import Expression, ExpressionWrapper, F, FloatField, Func,
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from binder import models as binder_models
-from binder.engine import Ledger, Limits, effective_limits, tenant_usage
-from binder.engine import types as e
-from binder.engine.accounting import is_raw_key
+from binder.engine import Limits, build_ledger, effective_limits, tenant_usage
+from binder.engine.accounting import is_raw_key, remaining
 from binder.mirror.read import engine_settings, read_rows
 from usage.models import SubjectKind, UsageRecord
 from usage.records import fresh_vmis
@@ -108,8 +107,8 @@ def gpu_hours(namespace: str, start: datetime, end: datetime, now: datetime) -> 
             devices += hours
         else:
             pods += hours
-    for row in by_resource:
-        per_key[row["resource_name"]] += max(0.0, float(row["total"] or 0.0)) / SECONDS_PER_HOUR
+    for resource_row in by_resource:
+        per_key[resource_row["resource_name"]] += max(0.0, float(resource_row["total"] or 0.0)) / SECONDS_PER_HOUR
     return GpuHours(per_key=dict(sorted(per_key.items())), total=devices + pods, devices=devices, pods=pods)
 
 
@@ -132,20 +131,11 @@ def current_usage(namespace: str) -> tuple[dict[str, int], Limits]:
     read fresh, and the engine's ledger and launcher rule do the counting.
     """
     scope = [namespace]
-    classes = {c.name: c for c in read_rows("GPUClass")}
+    classes = read_rows("GPUClass")
     devices = read_rows("GPU", scope)
     pods = read_rows("Pod", scope)
     budgets = read_rows("GPUBudget", scope)
-    sets: dict[tuple[str, str], list[e.Device]] = defaultdict(list)
-    for device in devices:
-        sets[device.set_key].append(device)
-    ledger = Ledger(
-        classes=classes,
-        nodes={},
-        sets={k: tuple(v) for k, v in sets.items()},
-        pods=pods,
-        vmis=fresh_vmis(pods),
-    )
+    ledger = build_ledger(classes=classes, devices=devices, pods=pods, vmis=fresh_vmis(pods).values())
     return tenant_usage(ledger, namespace), effective_limits(budgets, engine_settings().default_budget)
 
 
@@ -163,7 +153,7 @@ def key_usage(namespace: str, hours: GpuHours) -> list[KeyUsage]:
                 kind="raw" if is_raw_key(key) else "class",
                 used=usage,
                 limit=limit,
-                remaining=None if limit is None else max(0, limit - usage),
+                remaining=remaining(limit, usage),
                 gpu_hours=round(hours.per_key.get(key, 0.0), 6),
             )
         )

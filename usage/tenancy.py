@@ -2,7 +2,7 @@
 
 Staff read every namespace; any other user reads only the namespaces granted to them
 (``NamespaceGrant``, made by ``manage.py issue_token``). Endpoints never test this
-themselves: the base view (``usage.api.base.TenantScopedMixin``) passes
+themselves: the base view (``usage.api.base.TenantScopedView``) passes
 :func:`visible_namespaces` to the querysets' ``for_tenant``, and a namespace the user
 may not read answers 404 exactly like one that does not exist, so names do not leak.
 """
@@ -35,7 +35,7 @@ def visible_namespaces(user: Any) -> Visible:
     if cached is None:
         cached = frozenset(NamespaceGrant.objects.filter(user=user).values_list("namespace", flat=True))
         user._gpuplane_namespaces = cached
-    return cached  # type: ignore[no-any-return]
+    return cached
 
 
 def may_read(user: Any, namespace: str) -> bool:

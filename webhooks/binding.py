@@ -64,7 +64,7 @@ class _SetChanged(Exception):
     """The set's rows changed between the decision and the bind-request write."""
 
 
-def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: float) -> Verdict:
+def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: float) -> Verdict:  # noqa: C901 - write, then one wait loop with its failure cases
     """Write the bind requests, queue an answer pass and wait for its answers.
 
     The wait counts from the request's arrival (``started``), so the whole call stays
@@ -141,7 +141,7 @@ def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str)
     for name in names:
         try:
             api.annotate_bind_request(review.namespace, name, request_id)
-        except Exception as exc:  # any failure: a clear denial within the timeout, never a 500
+        except Exception as exc:  # noqa: BLE001 - any failure: a clear denial within the timeout, never a 500
             if isinstance(exc, ApiException) and exc.status == 404:
                 return admission.set_changed(review)
             log.warning("bind request on GPU %s/%s not written: %s", review.namespace, name, describe(exc))

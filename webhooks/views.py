@@ -11,6 +11,7 @@ certificate), so there is no DRF authentication here, and CSRF does not apply.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -20,7 +21,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -33,8 +34,11 @@ class _AlwaysJson(DefaultContentNegotiation):
     """Answer JSON whatever the Accept header says: the caller is the kube-apiserver, and a
     406 would count as a failed call (and fall under failurePolicy)."""
 
-    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
-        return renderers[0], renderers[0].media_type
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        first = next(iter(renderers))
+        return first, first.media_type
 
 
 #: The OpenAPI shape of an AdmissionReview (only what the schema needs to say; the

@@ -5,7 +5,16 @@ can be tested with plain objects and reused unchanged by the database-backed pas
 the webhook, the catalog and the usage records.
 """
 
-from binder.engine.accounting import Ledger, Limits, effective_limits, ledger_for, tenant_usage
+from binder.engine.accounting import (
+    Holding,
+    Ledger,
+    Limits,
+    build_ledger,
+    effective_limits,
+    ledger_for,
+    remaining,
+    tenant_usage,
+)
 from binder.engine.catalog import GpuOption, gpu_options
 from binder.engine.launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
 from binder.engine.placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
@@ -27,6 +36,9 @@ from binder.engine.types import (
 )
 
 __all__ = [
+    "Holding",
+    "build_ledger",
+    "remaining",
     "ANSWER_BOUND",
     "ANSWER_REFUSED",
     "Budget",

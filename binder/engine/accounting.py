@@ -40,6 +40,16 @@ class Limits:
             return self.per_key[key]
         return 0 if self.deny_rest else None
 
+    def remaining(self, key: str, used: int) -> int | None:
+        """Units of ``key`` still allowed after ``used`` (never negative); None: unlimited."""
+        return remaining(self.limit(key), used)
+
+
+def remaining(limit: int | None, used: int) -> int | None:
+    """What a limit leaves after ``used``: ``max(0, limit - used)``, None when unlimited.
+    The catalog, the budget bars and the tenant usage API all show this one number."""
+    return None if limit is None else max(0, limit - used)
+
 
 def effective_limits(budgets: Iterable[Budget], default: DefaultBudget) -> Limits:
     """Merge a namespace's budgets: the smallest limit per key wins."""
@@ -60,6 +70,18 @@ class Contribution:
     """(node, resource) -> units."""
     used: dict[str, int] = field(default_factory=dict)
     """key (class name or raw resource) -> units, for the set's tenant."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """Units of one resource on one node and who books them: a Bound device, or a pod's
+    raw usage for capacity (``launcher`` set when the pod is that VMI's launcher)."""
+
+    resource: str
+    units: int
+    device: Device | None = None
+    pod: Pod | None = None
+    launcher: Vmi | None = None
 
 
 @dataclass(slots=True)
@@ -91,6 +113,8 @@ class Ledger:
         self.device_booked: dict[str, Counter[str]] = defaultdict(Counter)
         self.used: dict[str, Counter[str]] = defaultdict(Counter)
         self.launcher_pods: dict[SetKey, list[tuple[Pod, Vmi]]] = defaultdict(list)
+        #: Pods that are no VMI's launcher, with their raw usage for capacity (their node's).
+        self.plain_pods: list[tuple[Pod, Mapping[str, int]]] = []
         self._contrib: dict[SetKey, Contribution] = {}
         self._devices: dict[SetKey, tuple[Device, ...]] = {}
         self._indexed = False
@@ -108,6 +132,8 @@ class Ledger:
                 self.used[pod.namespace][resource] += units
             for resource, units in usage.capacity.items():
                 self.booked[pod.node][resource] += units
+            if usage.capacity:
+                self.plain_pods.append((pod, usage.capacity))
         set_keys = set(sets) | set(self.launcher_pods)
         for key in sorted(set_keys):
             self.commit(key, tuple(sets.get(key, ())))
@@ -128,6 +154,25 @@ class Ledger:
         """Allocatable minus booked; negative when the node is over-booked."""
         allocatable = self.nodes[node].allocatable.get(resource, 0) if node in self.nodes else 0
         return allocatable - self.booked[node][resource]
+
+    def holdings(self) -> dict[str, list[Holding]]:
+        """Node -> who books its units: Bound devices (by tenant, VM, name), then pods' raw
+        usage for capacity (by tenant, name). The same counts as ``booked``, itemised."""
+        out: dict[str, list[Holding]] = defaultdict(list)
+        pods: list[tuple[Pod, str, int, Vmi | None]] = []
+        for key in sorted(self._devices):
+            members = self._devices[key]
+            for device in sorted(members, key=lambda d: d.name):
+                cls = self.classes.get(device.class_name)
+                if cls is not None and device.phase is Phase.BOUND and device.node:
+                    out[device.node].append(Holding(cls.resource_name, cls.units_per_device, device=device))
+            for pod, vmi in self.launcher_pods.get(key, ()):
+                for resource, units in raw_usage(pod, vmi, members, self.classes).capacity.items():
+                    pods.append((pod, resource, units, vmi))
+        pods.extend((pod, resource, units, None) for pod, usage in self.plain_pods for resource, units in usage.items())
+        for pod, resource, units, launcher in sorted(pods, key=lambda p: (p[0].namespace, p[0].name, p[1])):
+            out[pod.node].append(Holding(resource, units, pod=pod, launcher=launcher))
+        return out
 
     def over_booked(self, node: str) -> list[str]:
         """Resources of ``node`` booked beyond allocatable, sorted."""
@@ -225,17 +270,33 @@ class Ledger:
             self.device_booked[device.node][cls.resource_name] += sign * cls.units_per_device
 
 
-def ledger_for(cluster: Cluster) -> Ledger:
-    """Build the ledger of a cluster snapshot (read-only consumers call this)."""
+def build_ledger(
+    *,
+    classes: Iterable[GpuClass],
+    devices: Iterable[Device],
+    pods: Iterable[Pod],
+    vmis: Iterable[Vmi],
+    nodes: Iterable[Node] = (),
+) -> Ledger:
+    """The one way to build a ledger from records: devices grouped into their sets (members
+    in key order). The binder, the admin, the catalog, the webhook's advisory check and the
+    usage API all count through it."""
     sets: dict[SetKey, list[Device]] = defaultdict(list)
-    for device in cluster.devices:
+    for device in sorted(devices, key=lambda d: d.key):
         sets[device.set_key].append(device)
     return Ledger(
-        classes={c.name: c for c in cluster.classes},
-        nodes={n.name: n for n in cluster.nodes},
+        classes={c.name: c for c in classes},
+        nodes={n.name: n for n in nodes},
         sets={k: tuple(v) for k, v in sets.items()},
-        pods=cluster.pods,
-        vmis={(v.namespace, v.name): v for v in cluster.vmis},
+        pods=pods,
+        vmis={(v.namespace, v.name): v for v in vmis},
+    )
+
+
+def ledger_for(cluster: Cluster) -> Ledger:
+    """The ledger of a whole cluster snapshot."""
+    return build_ledger(
+        classes=cluster.classes, nodes=cluster.nodes, devices=cluster.devices, pods=cluster.pods, vmis=cluster.vmis
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from binder.engine.accounting import Ledger, effective_limits, ledger_for
+from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
 from binder.engine.placement import refuses_new
 from binder.engine.types import Cluster, GpuClass, Node
 
@@ -55,8 +55,8 @@ def _remaining(limits: dict[str, int | None], usage: dict[str, int], units_per_d
     for key, limit in limits.items():
         if limit is None:
             continue
-        units = max(0, limit - usage.get(key, 0))
-        left = units if left is None else min(left, units)
+        units = remaining(limit, usage.get(key, 0))
+        left = units if left is None or units is None else min(left, units)
     return None if left is None else left // units_per_device
 
 

@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key
+from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key, ledger_for
 from binder.engine.types import (
     Budget,
     Change,
@@ -138,17 +138,8 @@ class _Pass:
         self.node_names = sorted(self.nodes)
         self.original = {d.key: d for d in cluster.devices}
         self.budgets = cluster.budgets
-        grouped: dict[SetKey, list[Device]] = defaultdict(list)
-        for device in sorted(cluster.devices, key=lambda d: d.key):
-            grouped[device.set_key].append(device)
-        self.ledger = Ledger(
-            classes=self.classes,
-            nodes=self.nodes,
-            sets={k: tuple(v) for k, v in grouped.items()},
-            pods=cluster.pods,
-            vmis={(v.namespace, v.name): v for v in cluster.vmis},
-        )
-        self._set_keys = sorted(grouped)
+        self.ledger = ledger_for(cluster)
+        self._set_keys = sorted({d.set_key for d in cluster.devices})
         by_ns: dict[str, list[Budget]] = defaultdict(list)
         for budget in cluster.budgets:
             by_ns[budget.namespace].append(budget)
@@ -237,7 +228,7 @@ class _Pass:
             left += after
         return left
 
-    def best_node(
+    def best_node(  # noqa: C901 - SPEC §4 step 4: each node condition is one branch
         self,
         key: SetKey,
         placed_on: Callable[[str], tuple[Device, ...]],

@@ -16,6 +16,11 @@ from datetime import datetime
 #: Label that tells the binder to move every held set off a node (SPEC §4 step 2).
 DRAIN_LABEL = "gpuplane.io/drain"
 
+
+def is_draining(labels: Mapping[str, object]) -> bool:
+    """A node labelled ``gpuplane.io/drain=true`` (any case) is being drained (SPEC §4 step 2)."""
+    return str(labels.get(DRAIN_LABEL, "")).lower() == "true"
+
 #: Pod phases that hold nothing: KubeVirt leaves finished pods in activePods for a while.
 FINISHED_POD_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -59,7 +64,7 @@ class Node:
 
     @property
     def draining(self) -> bool:
-        return self.labels.get(DRAIN_LABEL, "").lower() == "true"
+        return is_draining(self.labels)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,10 +193,12 @@ class KubeApi:
             body["metadata"] = {"resourceVersion": resource_version}
         return self._typed(resource, self._call("PATCH", resource.path(namespace, name, "status"), body=body))
 
-    def set_finalizers(self, kind: str, namespace: str, name: str, finalizers: list[str], resource_version: str) -> Any:
+    def set_finalizers(
+        self, kind: str, namespace: str, name: str, finalizers: Sequence[str], resource_version: str
+    ) -> Any:
         """Replace ``metadata.finalizers``, only if still at ``resource_version``."""
         resource = RESOURCES[kind]
-        body = {"metadata": {"finalizers": finalizers or None, "resourceVersion": resource_version}}
+        body = {"metadata": {"finalizers": [*finalizers] or None, "resourceVersion": resource_version}}
         return self._call("PATCH", resource.path(namespace, name), body=body)
 
     def annotate_bind_request(self, namespace: str, name: str, request_id: str) -> Any:

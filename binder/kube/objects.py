@@ -59,7 +59,8 @@ def is_gpu_resource(name: str) -> bool:
 
 def describe(obj: Mapping[str, Any]) -> str:
     kind = obj.get("kind") or "object"
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    raw_meta = obj.get("metadata")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     name = meta.get("name") or meta.get("generateName") or "<no name>"
     namespace = meta.get("namespace")
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
@@ -77,7 +78,7 @@ class _Reader:
 
     def get(self, path: str, default: Any = None) -> Any:
         node: Any = self.obj
-        walked = []
+        walked: list[str] = []
         for part in path.split("."):
             if node is None:
                 return default
@@ -356,7 +357,7 @@ def parse_vmi(obj: Mapping[str, Any]) -> Parsed:
     )
 
 
-def pod_requests(r: _Reader) -> dict[str, int]:
+def pod_requests(r: _Reader) -> dict[str, int]:  # noqa: C901 - the Kubernetes rules for containers, init and sidecars
     """Effective extended-resource requests of a pod: per container the request, else the
     limit; summed over containers, and at least the largest init container's."""
 

@@ -56,7 +56,7 @@ def device_from(
         answered_request,
         answer,
         created,
-    )  # noqa: E501
+    )
 
 
 def class_from(

@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from psycopg import adapters
 from psycopg.postgres import types as pg_types
+from psycopg.pq import Format
 from psycopg.types.json import JsonbLoader
 
 from binder import models
@@ -24,7 +25,7 @@ from binder.engine import types as e
 from binder.mirror.convert import CONVERTERS
 
 Values = Mapping[str, Any]
-_TIMESTAMPTZ_LOADER = adapters.get_loader(pg_types["timestamptz"].oid, 0)
+_TIMESTAMPTZ_LOADER = adapters.get_loader(pg_types["timestamptz"].oid, Format.TEXT)
 
 
 def engine_settings() -> e.Settings:
@@ -59,7 +60,8 @@ def _fetch(model: type[Any], columns: tuple[str, ...], queryset: QuerySet | None
             raw.adapters.register_loader("jsonb", JsonbLoader)
             sql = f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
             raw.execute(sql)
-            return raw.fetchall()
+            rows: list[tuple[Any, ...]] = raw.fetchall()
+            return rows
     queryset = queryset if queryset is not None else model.objects.all()
     return queryset.order_by().values_list(*columns).iterator(chunk_size=10000)
 

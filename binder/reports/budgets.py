@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from binder.engine import effective_limits, ledger_for, tenant_usage
 from binder.engine import types as e
-from binder.engine.accounting import is_raw_key
+from binder.engine.accounting import is_raw_key, remaining
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class KeyBar:
 
     @property
     def remaining(self) -> int | None:
-        return None if self.limit is None else max(0, self.limit - self.used)
+        return remaining(self.limit, self.used)
 
 
 @dataclass(frozen=True, slots=True)

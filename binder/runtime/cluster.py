@@ -90,7 +90,7 @@ def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]
             continue  # not in the cluster any more
         try:
             api.patch_status("GPU", device.namespace, device.name, device_status(device), version)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
             failed += 1
             level = logging.INFO if is_transient(exc) else logging.ERROR
             log.log(level, "status of GPU %s/%s left for the next pass: %s", device.namespace, device.name,
@@ -122,7 +122,7 @@ def _write_class_and_budget_status(api: kube_client.KubeApi, result: PassResult,
             continue  # gone, or unchanged: no write, no event, no pass it would trigger
         try:
             api.patch_status(kind, ns, name, body, version)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
             failed += 1
             log.info("status of %s %s left for the next pass: %s", kind, name, describe(exc))
     return failed
@@ -139,7 +139,7 @@ def release_finalizers(fresh: FreshRead) -> int:
             continue
         try:
             api.set_finalizers(kind, ns, name, kube_client.without_finalizer(obj), str(meta.get("resourceVersion")))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
             log.info("finalizer of %s %s left for the next pass: %s", kind, name, describe(exc))
             continue
         released += 1

@@ -15,16 +15,15 @@ magnitude faster than the template engine for that.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
 
-from binder.engine import ledger_for
+from binder.engine import Holding, ledger_for
 from binder.engine import types as e
-from binder.engine.launcher import launcher_of, raw_usage
 from gpuplane.staff.palette import tenant_colour
 
 
@@ -157,30 +156,13 @@ def build_board(
 
     ledger = ledger_for(cluster)
     nodes = {n.name: n for n in cluster.nodes}
-    vmis = {(v.namespace, v.name): v for v in cluster.vmis}
-
-    def find_vmi(namespace: str, name: str) -> e.Vmi | None:
-        return vmis.get((namespace, name))
-
     only_resource = classes[filters.class_name].resource_name if filters.class_name else ""
     class_resources: dict[str, list[str]] = defaultdict(list)
     for cls in sorted(classes.values(), key=lambda c: c.name):
         class_resources[cls.resource_name].append(cls.name)
-
-    # Who books each unit: devices Bound on the node, then pods' raw usage for capacity.
-    device_units: dict[str, dict[str, list[tuple[e.Device, int]]]] = defaultdict(lambda: defaultdict(list))
-    for device in sorted(cluster.devices, key=lambda d: (d.namespace, d.vm_name, d.name)):
-        cls = classes.get(device.class_name)
-        if cls is not None and device.phase is e.Phase.BOUND and device.node:
-            device_units[device.node][cls.resource_name].append((device, cls.units_per_device))
-    pod_units: dict[str, dict[str, list[tuple[e.Pod, int, e.Vmi | None]]]] = defaultdict(lambda: defaultdict(list))
-    for pod in sorted(cluster.pods, key=lambda p: (p.namespace, p.name)):
-        if not pod.node:
-            continue
-        launcher = launcher_of(pod, find_vmi)
-        members = ledger.devices((launcher.namespace, launcher.name)) if launcher else ()
-        for resource, units in raw_usage(pod, launcher, members, classes).capacity.items():
-            pod_units[pod.node][resource].append((pod, units, launcher))
+    # Who books each unit, from the ledger (the binder's own count): devices Bound on the
+    # node, then pods' raw usage for capacity.
+    holdings = ledger.holdings()
 
     css = {ns: f"t{i}" for i, ns in enumerate(tenants)}
     legend = {ns: Legend(ns, css[ns], tenant_colour(ns)) for ns in tenants}
@@ -189,6 +171,7 @@ def build_board(
     def tenant_css(namespace: str) -> str:
         return css[namespace] if not wanted or namespace == wanted else "o"
 
+    cells = _Cells(device_url, pod_url, tenant_css, legend, wanted)
     rows: list[Row] = []
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     cell_count = 0
@@ -196,66 +179,18 @@ def build_board(
     for name in node_names:
         node = nodes.get(name)
         allocatable = node.allocatable if node else {}
-        booked = ledger.booked.get(name, {})
+        booked: Mapping[str, int] = ledger.booked.get(name, {})
         resources = {r for r in allocatable if r in class_resources and allocatable[r] > 0}
         resources |= {r for r, units in booked.items() if units > 0}
         if only_resource:
             resources &= {only_resource}
-        if not resources:
-            continue
-        holders = {d.namespace for r in resources for d, _ in device_units[name][r]}
-        holders |= {p.namespace for r in resources for p, _, _ in pod_units[name][r]}
-        if wanted and wanted not in holders:
+        held = [h for h in holdings.get(name, ()) if h.resource in resources]
+        if not resources or (wanted and wanted not in {_holder(h).namespace for h in held}):
             continue
         strips = []
         for resource in sorted(resources):
-            alloc = allocatable.get(resource, 0)
-            used = booked.get(resource, 0)
-            parts: list[str] = []
-            index = 0
-
-            def mark(i: int, alloc: int = alloc) -> str:
-                return " ob" if i >= alloc else ""
-
-            for device, units in device_units[name][resource]:
-                pk = ids.get(device.key)
-                href = f"{device_url}{pk}/change/" if pk else device_url
-                title = _title(
-                    f"device {device.namespace}/{device.name}",
-                    f"VM {device.vm_name} · tenant {device.namespace} · class {device.class_name}",
-                    f"{device.phase.value} on {name} since {_when(device.since)}",
-                    f"reason: {device.reason}",
-                )
-                tcss = tenant_css(device.namespace)
-                data_set = escape(f"{device.namespace}/{device.vm_name}", quote=True)
-                for _ in range(units):
-                    parts.append(
-                        f'<a class="u {tcss}{mark(index)}" href="{href}" data-set="{data_set}" title="{title}"></a>'
-                    )
-                    index += 1
-                if not wanted or device.namespace == wanted:
-                    legend[device.namespace].units += units
-            for pod, units, launcher in pod_units[name][resource]:
-                why = (
-                    f"launcher of VMI {launcher.name}: requests units its devices do not hold on this node"
-                    if launcher
-                    else "not a VMI's launcher: its whole request is raw usage"
-                )
-                title = _title(
-                    f"pod {pod.namespace}/{pod.name} ({units} raw {resource})",
-                    f"VM {launcher.name if launcher else '-'} · tenant {pod.namespace}",
-                    f"reason: {why}",
-                )
-                href = escape(f"{pod_url}?q={pod.name}", quote=True)
-                tcss = tenant_css(pod.namespace)
-                for _ in range(units):
-                    parts.append(f'<a class="u p {tcss}{mark(index)}" href="{href}" title="{title}"></a>')
-                    index += 1
-                if not wanted or pod.namespace == wanted:
-                    legend[pod.namespace].units += units
-            while index < alloc:
-                parts.append('<i class="u"></i>')
-                index += 1
+            alloc, used = allocatable.get(resource, 0), booked.get(resource, 0)
+            html, index = cells.strip(name, resource, alloc, [h for h in held if h.resource == resource], ids)
             cell_count += index
             label = ", ".join(class_resources.get(resource, ())) or resource.rsplit("/", 1)[-1]
             strips.append(
@@ -265,7 +200,7 @@ def build_board(
                     allocatable=alloc,
                     booked=used,
                     free=alloc - used,
-                    cells=mark_safe("".join(parts)),  # noqa: S308 - every value above is escaped
+                    cells=html,
                     over_booked=used > alloc,
                 )
             )
@@ -273,18 +208,7 @@ def build_board(
             total[0] += alloc
             total[1] += used
             total[2] += alloc - used
-        markers: list[tuple[str, str]] = []
-        if node is None:
-            markers.append(("deleted", "deleted (not in the mirror)"))
-        else:
-            if not node.ready:
-                markers.append(("notready", f"NotReady since {_when(node.ready_since)}"))
-            if node.unschedulable:
-                markers.append(("cordoned", "cordoned"))
-            if node.draining:
-                markers.append(("draining", "draining"))
-        if any(s.over_booked for s in strips):
-            markers.append(("overbooked", "over-booked"))
+        markers = _markers(node, strips)
         rows.append(Row(name, markers, strips, " ".join(m for m, _ in markers)))
 
     lost = _lost_sets(cluster, classes, filters, tenant_css, legend)
@@ -301,6 +225,88 @@ def build_board(
         cells=cell_count,
         pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
     )
+
+
+def _holder(holding: Holding) -> e.Device | e.Pod:
+    holder = holding.device or holding.pod
+    assert holder is not None  # noqa: S101 - a Holding always names its device or pod
+    return holder
+
+
+def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:
+    """The node's state marks: deleted, NotReady, cordoned, draining, over-booked."""
+    markers: list[tuple[str, str]] = []
+    if node is None:
+        markers.append(("deleted", "deleted (not in the mirror)"))
+    else:
+        if not node.ready:
+            markers.append(("notready", f"NotReady since {_when(node.ready_since)}"))
+        if node.unschedulable:
+            markers.append(("cordoned", "cordoned"))
+        if node.draining:
+            markers.append(("draining", "draining"))
+    if any(s.over_booked for s in strips):
+        markers.append(("overbooked", "over-booked"))
+    return markers
+
+
+@dataclass
+class _Cells:
+    """Draws one resource strip of a node: a cell per unit, linked to who holds it."""
+
+    device_url: str
+    pod_url: str
+    tenant_css: Callable[[str], str]
+    legend: dict[str, Legend]
+    wanted: str
+
+    def strip(
+        self, node: str, resource: str, alloc: int, held: list[Holding], ids: dict[tuple[str, str], int]
+    ) -> tuple[SafeString, int]:
+        """The strip's cells (units past ``alloc`` marked over-booked) and how many there are."""
+        parts: list[str] = []
+        for holding in held:
+            css, attrs = self._device(node, holding, ids) if holding.device else self._pod(holding)
+            start = len(parts)
+            for i in range(start, start + holding.units):
+                parts.append(f'<a class="u {css}{" ob" if i >= alloc else ""}" {attrs}></a>')
+            holder = _holder(holding)
+            if not self.wanted or holder.namespace == self.wanted:
+                self.legend[holder.namespace].units += holding.units
+        parts.extend('<i class="u"></i>' for _ in range(max(0, alloc - len(parts))))
+        return mark_safe("".join(parts)), len(parts)  # noqa: S308 - every value is escaped
+
+    def _device(self, node: str, holding: Holding, ids: dict[tuple[str, str], int]) -> tuple[str, str]:
+        """A device's cell class and attributes (link, set, title)."""
+        device = holding.device
+        assert device is not None  # noqa: S101 - called for device holdings only
+        pk = ids.get(device.key)
+        href = f"{self.device_url}{pk}/change/" if pk else self.device_url
+        title = _title(
+            f"device {device.namespace}/{device.name}",
+            f"VM {device.vm_name} · tenant {device.namespace} · class {device.class_name}",
+            f"{device.phase.value} on {node} since {_when(device.since)}",
+            f"reason: {device.reason}",
+        )
+        data_set = escape(f"{device.namespace}/{device.vm_name}", quote=True)
+        return self.tenant_css(device.namespace), f'href="{href}" data-set="{data_set}" title="{title}"'
+
+    def _pod(self, holding: Holding) -> tuple[str, str]:
+        """A pod's cell class and attributes (link, title)."""
+        pod, launcher, resource = holding.pod, holding.launcher, holding.resource
+        assert pod is not None  # noqa: S101 - called for pod holdings only
+        why = (
+            f"launcher of VMI {launcher.name}: requests units its devices do not hold on this node"
+            if launcher
+            else "not a VMI's launcher: its whole request is raw usage"
+        )
+        title = _title(
+            f"pod {pod.namespace}/{pod.name} ({holding.units} raw {resource})",
+            f"VM {launcher.name if launcher else '-'} · tenant {pod.namespace}",
+            f"reason: {why}",
+        )
+        href = escape(f"{self.pod_url}?q={pod.name}", quote=True)
+        return f"p {self.tenant_css(pod.namespace)}", f'href="{href}" title="{title}"'
 
 
 def _lost_sets(

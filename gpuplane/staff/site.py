@@ -28,7 +28,8 @@ class GpuplaneAdminSite(AdminSite):
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         def page(route: str, view: Any, name: str) -> URLPattern:
-            return path(route, self.admin_view(view), {"site": self}, name=name)
+            pattern: URLPattern = path(route, self.admin_view(view), {"site": self}, name=name)
+            return pattern
 
         staff_pages = [
             page("placement-board/", views.placement_board, "placement-board"),

@@ -9,6 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -19,7 +20,7 @@ from usage.tenancy import Visible, may_read, visible_namespaces
 # -- the base: authentication, scoping, 404 ---------------------------------------------------
 
 
-class TenantScopedMixin:
+class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only in the stubs
     """Authenticated, tenant-scoped: the one place the API applies "who sees what".
 
     ``scoped_queryset()`` is the model's queryset limited to the user's namespaces;
@@ -28,12 +29,10 @@ class TenantScopedMixin:
     """
 
     permission_classes = [IsAuthenticated]
-    request: Request
-    kwargs: dict[str, Any]
     scoped_model: Any = None
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        super().initial(request, *args, **kwargs)
         # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
         if request.query_params.get("format") == "":
             raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})

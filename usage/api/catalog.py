@@ -20,37 +20,36 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from binder.engine.catalog import gpu_options
 from binder.mirror.read import read_cluster
-from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedMixin
+from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedView
 from usage.tenancy import NAMESPACE_NAME
 
 
-class GpuOptionSerializer(serializers.Serializer):
+class GpuOptionSerializer(serializers.Serializer):  # type: ignore[type-arg]
     """One GPU class as offered to a tenant. ``limit``, ``used`` and ``clusterFree`` are units;
     ``remaining`` and ``largestSet`` are devices of the class."""
 
     name = serializers.CharField()
-    displayName = serializers.CharField(source="display_name")  # noqa: N815
-    resourceName = serializers.CharField(source="resource_name")  # noqa: N815
-    unitsPerDevice = serializers.IntegerField(source="units_per_device")  # noqa: N815
+    displayName = serializers.CharField(source="display_name")
+    resourceName = serializers.CharField(source="resource_name")
+    unitsPerDevice = serializers.IntegerField(source="units_per_device")
     limit = serializers.IntegerField(allow_null=True, help_text="class-key budget limit in units; null: unlimited")
     used = serializers.IntegerField(help_text="units of the class key in use (Bound or Lost devices)")
     remaining = serializers.IntegerField(
         allow_null=True,
         help_text="devices the budget still allows (class key and raw key); null: unlimited",
     )
-    clusterFree = serializers.IntegerField(  # noqa: N815
+    clusterFree = serializers.IntegerField(
         source="cluster_free", help_text="free units on Ready, schedulable, non-draining matching nodes"
     )
-    largestSet = serializers.IntegerField(  # noqa: N815
+    largestSet = serializers.IntegerField(
         source="largest_set", help_text="most devices one node can take now (capped by remaining)"
     )
 
 
-class GpuOptionsView(TenantScopedMixin, APIView):
+class GpuOptionsView(TenantScopedView):
     """The GPU classes a tenant may order, with budget and free capacity."""
 
     @extend_schema(

@@ -35,7 +35,7 @@ class FlexibleDateTimeField(serializers.DateTimeField):
     def to_internal_value(self, value: Any) -> datetime:
         if isinstance(value, str) and len(value) == 10:
             try:
-                day = datetime.strptime(value, "%Y-%m-%d").date()  # noqa: DTZ007 - a date, made aware below
+                day = datetime.strptime(value, "%Y-%m-%d").date()
             except ValueError:
                 pass
             else:
@@ -47,7 +47,7 @@ class FlexibleDateTimeField(serializers.DateTimeField):
             raise serializers.ValidationError(str(exc)) from None
 
 
-class UtcIsoDateTimeField(IsoDateTimeField):  # type: ignore[misc]
+class UtcIsoDateTimeField(IsoDateTimeField):
     """django-filter's ISO 8601 field, turned into UTC (see :func:`in_utc`)."""
 
     def to_python(self, value: Any) -> datetime | None:

@@ -33,13 +33,13 @@ class StrictFilterSet(filters.FilterSet):
         ]
         for name in empty:
             self.form.add_error(name, "must not be empty (leave the parameter out to not filter)")
-        return valid and not empty  # type: ignore[no-any-return]
+        return bool(valid) and not empty
 
 
 class StrictBooleanField(forms.NullBooleanField):
     """``true``/``false`` (or ``1``/``0``); anything else is an error, not "no filter"."""
 
-    def to_python(self, value: Any) -> bool | None:
+    def to_python(self, value: Any) -> bool | None:  # type: ignore[override] # None: not given
         if value in (None, ""):
             return None
         if str(value).lower() in ("true", "1"):
@@ -97,7 +97,7 @@ class DeviceFilter(StrictFilterSet):
     phase = filters.ChoiceFilter(choices=binder_models.Phase.choices)
     node = filters.CharFilter()
     vm = filters.CharFilter(field_name="vm_name")
-    className = filters.CharFilter(field_name="class_name")  # noqa: N815
+    className = filters.CharFilter(field_name="class_name")
     reason = filters.CharFilter(lookup_expr="icontains", help_text="words the reason contains")
 
     class Meta:

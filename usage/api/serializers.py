@@ -16,21 +16,21 @@ from usage.models import UsageRecord
 class Hours(serializers.FloatField):
     """GPU-hours, to the microhour (SQLite's julianday arithmetic leaves float dust)."""
 
-    def to_representation(self, value: Any) -> float:
+    def to_representation(self, value: Any) -> float:  # type: ignore[override] # a JSON number, not str
         return round(float(value), 6)
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     """One usage record. ``gpuHours`` = units × hours of the whole record (until now if open)."""
 
-    subjectKind = serializers.CharField(source="subject_kind")  # noqa: N815
-    subjectUid = serializers.CharField(source="subject_uid")  # noqa: N815
-    vmName = serializers.CharField(source="vm_name")  # noqa: N815
-    resourceName = serializers.CharField(source="resource_name")  # noqa: N815
+    subjectKind = serializers.CharField(source="subject_kind")
+    subjectUid = serializers.CharField(source="subject_uid")
+    vmName = serializers.CharField(source="vm_name")
+    resourceName = serializers.CharField(source="resource_name")
     open = serializers.BooleanField(source="is_open")
-    gpuHours = Hours(source="gpu_hours", help_text="units × hours, until now while open")  # noqa: N815
-    openedByPass = serializers.IntegerField(source="opened_by_pass", allow_null=True)  # noqa: N815
-    closedByPass = serializers.IntegerField(source="closed_by_pass", allow_null=True)  # noqa: N815
+    gpuHours = Hours(source="gpu_hours", help_text="units × hours, until now while open")
+    openedByPass = serializers.IntegerField(source="opened_by_pass", allow_null=True)
+    closedByPass = serializers.IntegerField(source="closed_by_pass", allow_null=True)
 
     class Meta:
         model = UsageRecord
@@ -61,7 +61,7 @@ class KeyUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
     used = serializers.IntegerField(help_text="units in use now (SPEC §3)")
     limit = serializers.IntegerField(allow_null=True, help_text="smallest limit over the tenant's budgets; null: none")
     remaining = serializers.IntegerField(allow_null=True, help_text="limit − used, at least 0; null: no limit")
-    gpuHours = serializers.FloatField(  # noqa: N815
+    gpuHours = serializers.FloatField(
         source="gpu_hours", help_text="units × hours held in the window, counted as budgets count the key"
     )
 
@@ -77,18 +77,18 @@ class TenantUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
     window = inline_serializer(
         "UsageWindow", fields={"from": serializers.DateTimeField(), "to": serializers.DateTimeField()}
     )
-    asOf = serializers.DateTimeField(source="as_of", help_text="when usage was read")  # noqa: N815
+    asOf = serializers.DateTimeField(source="as_of", help_text="when usage was read")
     keys = KeyUsageSerializer(many=True)
-    gpuHours = GpuHoursSerializer(source="gpu_hours")  # noqa: N815
-    openRecords = UsageRecordSerializer(many=True, source="open_records")  # noqa: N815
+    gpuHours = GpuHoursSerializer(source="gpu_hours")
+    openRecords = UsageRecordSerializer(many=True, source="open_records")
 
 
 class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     """A GPU device: where it is and why."""
 
     namespace = serializers.CharField(source="namespace.name")
-    className = serializers.CharField(source="class_name")  # noqa: N815
-    vmName = serializers.CharField(source="vm_name")  # noqa: N815
+    className = serializers.CharField(source="class_name")
+    vmName = serializers.CharField(source="vm_name")
     since = serializers.DateTimeField(allow_null=True)
     answer = serializers.CharField(help_text="the binder's answer to the latest bind request")
 
@@ -100,15 +100,15 @@ class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 class DecisionSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     """One placement change of a device: which pass, from where to where, and why."""
 
-    passId = serializers.IntegerField(source="pass_run_id")  # noqa: N815
-    passKind = serializers.CharField(source="pass_run.kind")  # noqa: N815
+    passId = serializers.IntegerField(source="pass_run_id")
+    passKind = serializers.CharField(source="pass_run.kind")
     at = serializers.DateTimeField(source="created")
-    vmName = serializers.CharField(source="vm_name")  # noqa: N815
+    vmName = serializers.CharField(source="vm_name")
     device = serializers.CharField(source="device_name")
-    fromPhase = serializers.CharField(source="from_phase")  # noqa: N815
-    fromNode = serializers.CharField(source="from_node")  # noqa: N815
-    toPhase = serializers.CharField(source="to_phase")  # noqa: N815
-    toNode = serializers.CharField(source="to_node")  # noqa: N815
+    fromPhase = serializers.CharField(source="from_phase")
+    fromNode = serializers.CharField(source="from_node")
+    toPhase = serializers.CharField(source="to_phase")
+    toNode = serializers.CharField(source="to_node")
 
     class Meta:
         model = binder_models.Decision

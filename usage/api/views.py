@@ -1,6 +1,6 @@
 """The tenant API (SPEC §8): usage, usage records, devices and their decision history.
 
-Every view here derives from :class:`TenantScopedMixin`, which is where tenant scoping
+Every view here derives from :class:`TenantScopedView`, which is where tenant scoping
 happens, once: querysets pass the user's visible namespaces to ``for_tenant``, and a
 namespace in the URL that the user may not read answers 404 like one that does not
 exist. Views only parse parameters, call the read functions in ``usage.queries`` and
@@ -21,11 +21,10 @@ from rest_framework.exceptions import NotFound
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from binder import models as binder_models
 from usage import queries
-from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, Pages, TenantScopedMixin
+from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, Pages, TenantScopedView
 from usage.api.fields import WINDOW_PARAMETERS, WindowSerializer
 from usage.api.filters import DeviceFilter, UsageRecordFilter
 from usage.api.renderers import CSVRenderer, csv_stream
@@ -35,7 +34,7 @@ from usage.models import UsageRecord
 # -- views ----------------------------------------------------------------------------------
 
 
-class TenantUsageView(TenantScopedMixin, APIView):
+class TenantUsageView(TenantScopedView):
     """Current usage and limits per key, open records, and GPU-hours per key in a window."""
 
     scoped_model = UsageRecord
@@ -52,7 +51,8 @@ class TenantUsageView(TenantScopedMixin, APIView):
         window.is_valid(raise_exception=True)
         start, end, now = window.validated_data["from"], window.validated_data["to"], window.validated_data["now"]
         hours = queries.gpu_hours(namespace, start, end, now)
-        records = queries.with_record_hours(self.scoped_queryset().filter(namespace=namespace).open(), now)
+        open_records = UsageRecord.objects.for_tenant(self.visible()).filter(namespace=namespace).open()
+        records = queries.with_record_hours(open_records, now)
         body = {
             "namespace": namespace,
             "window": {"from": start, "to": end},
@@ -68,7 +68,7 @@ class TenantUsageView(TenantScopedMixin, APIView):
         return Response(TenantUsageSerializer(body).data)
 
 
-class UsageRecordListView(TenantScopedMixin, generics.ListAPIView):  # type: ignore[type-arg]
+class UsageRecordListView(TenantScopedView, generics.ListAPIView):  # type: ignore[type-arg]
     """Usage records of one tenant, oldest first; ``?format=csv`` exports every match as CSV."""
 
     scoped_model = UsageRecord
@@ -104,6 +104,7 @@ class UsageRecordListView(TenantScopedMixin, generics.ListAPIView):  # type: ign
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         if getattr(request.accepted_renderer, "format", None) == "csv":
+            assert isinstance(self.paginator, Pages)  # noqa: S101 - pagination_class is Pages
             self.paginator.check_parameters(request)  # ignored by the export, but still checked
             queryset = self.filter_queryset(self.get_queryset())
             response = StreamingHttpResponse(csv_stream(queryset), content_type="text/csv; charset=utf-8")
@@ -113,7 +114,7 @@ class UsageRecordListView(TenantScopedMixin, generics.ListAPIView):  # type: ign
         return super().get(request, *args, **kwargs)
 
 
-class DeviceListView(TenantScopedMixin, generics.ListAPIView):  # type: ignore[type-arg]
+class DeviceListView(TenantScopedView, generics.ListAPIView):  # type: ignore[type-arg]
     """GPU devices the user may read, with phase, node and the binder's reason."""
 
     scoped_model = binder_models.GpuDevice
@@ -135,7 +136,7 @@ class DeviceListView(TenantScopedMixin, generics.ListAPIView):  # type: ignore[t
         return super().get(request, *args, **kwargs)
 
 
-class DeviceDetailView(TenantScopedMixin, generics.RetrieveAPIView):  # type: ignore[type-arg]
+class DeviceDetailView(TenantScopedView, generics.RetrieveAPIView):  # type: ignore[type-arg]
     """One GPU device."""
 
     scoped_model = binder_models.GpuDevice
@@ -160,7 +161,7 @@ class DeviceDetailView(TenantScopedMixin, generics.RetrieveAPIView):  # type: ig
         return super().get(request, *args, **kwargs)
 
 
-class DeviceDecisionsView(TenantScopedMixin, generics.ListAPIView):  # type: ignore[type-arg]
+class DeviceDecisionsView(TenantScopedView, generics.ListAPIView):  # type: ignore[type-arg]
     """Every placement change of one device, newest first: "why is my GPU Lost?".
 
     The history outlives the device: a deleted device's decisions are still listed.
@@ -182,7 +183,7 @@ class DeviceDecisionsView(TenantScopedMixin, generics.ListAPIView):  # type: ign
         exists = binder_models.GpuDevice.objects.filter(namespace__name=namespace, name=name).exists()
         if not exists and not decisions.exists():
             raise NotFound(f"GPU {namespace}/{name} not found")
-        return decisions  # type: ignore[no-any-return]
+        return decisions
 
     @extend_schema(
         operation_id="devices_decisions",

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from binder import apiserver, sync
 from binder.errors import describe
+from binder.mirror.write import Applied
 
 
 class Command(BaseCommand):
@@ -31,7 +32,7 @@ class Command(BaseCommand):
             raise CommandError("sync_cluster needs GPUPLANE_CLUSTER=kubernetes (standalone mode has no cluster)")
         try:
             applied = self.first_list(show=not options["no_progress"])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the first list is the command's error
             raise CommandError(f"cannot list the cluster: {describe(exc)}") from None
         for kind, result in applied.items():
             self.stdout.write(
@@ -51,7 +52,7 @@ class Command(BaseCommand):
             thread.join(timeout=settings.GPUPLANE_WATCH_SECONDS + 15)
         self.stdout.write("stopped")
 
-    def first_list(self, show: bool) -> dict[str, sync.Applied]:
+    def first_list(self, show: bool) -> dict[str, Applied]:
         """The initial list, with a progress bar per kind (a large cluster takes a while)."""
         if not show:
             return sync.sync_once()

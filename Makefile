@@ -38,6 +38,11 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
+## import-graph: modules, edges, binder's edges into other apps, and import cycles (docs/ARCHITECTURE.md)
+.PHONY: import-graph
+import-graph: $(VENV)/.dev
+	$(PY) docs/import_graph.py
+
 check: lint test test-postgres
 
 ## serve-tls: serve over HTTPS with gunicorn (deploy/gunicorn.conf.py) on $(TLS_BIND), with a

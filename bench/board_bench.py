@@ -123,19 +123,19 @@ def generate(nodes: int, seed: int) -> dict[str, int]:
         free[node] = (resource, free[node][1] - size)
         vm = f"vm-{sets:05d}"
         sets += 1
-        for j in range(size):
-            devices.append(
-                models.GpuDevice(
-                    namespace=tenant,
-                    name=f"{vm}-gpu{j}",
-                    class_name=cls,
-                    vm_name=vm,
-                    phase="Bound",
-                    node=node,
-                    since=now,
-                    reason="bound: fullest node with room",
-                )
+        devices.extend(
+            models.GpuDevice(
+                namespace=tenant,
+                name=f"{vm}-gpu{j}",
+                class_name=cls,
+                vm_name=vm,
+                phase="Bound",
+                node=node,
+                since=now,
+                reason="bound: fullest node with room",
             )
+            for j in range(size)
+        )
         placed += size
         if rng.random() < 0.33:
             uid = f"uid-{vm}"
@@ -171,18 +171,18 @@ def generate(nodes: int, seed: int) -> dict[str, int]:
             )
     for i in range(max(1, nodes // 50)):  # Lost sets
         tenant = rng.choice(tenants)
-        for j in range(4):
-            devices.append(
-                models.GpuDevice(
-                    namespace=tenant,
-                    name=f"lost-{i}-gpu{j}",
-                    class_name="h100",
-                    vm_name=f"lost-{i}",
-                    phase="Lost",
-                    since=now,
-                    reason="lost: node went away; no other node has room for the set",
-                )
+        devices.extend(
+            models.GpuDevice(
+                namespace=tenant,
+                name=f"lost-{i}-gpu{j}",
+                class_name="h100",
+                vm_name=f"lost-{i}",
+                phase="Lost",
+                since=now,
+                reason="lost: node went away; no other node has room for the set",
             )
+            for j in range(4)
+        )
     models.GpuDevice.objects.bulk_create(devices, batch_size=2000)
     models.VirtualMachineInstance.objects.bulk_create(vmis, batch_size=2000)
     models.Pod.objects.bulk_create(pods, batch_size=2000)

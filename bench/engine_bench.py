@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from binder.engine import Cluster, Device, GpuClass, Node, Pod, Vmi, full_pass  # noqa: E402
+from binder.engine import Cluster, Device, GpuClass, Node, Pod, Vmi, full_pass
 
 CLASSES = (
     GpuClass("h100", "nvidia.com/GH100_H100_SXM5_80GB"),
@@ -42,8 +42,7 @@ def synthetic(nodes: int, sets: int, tenants: int, seed: int) -> Cluster:
         cls = CLASSES[s % 3]
         size = rng.choice((1, 1, 2, 2, 4, 8))
         ns, vm = f"tenant-{s % tenants:04d}", f"vm-{s:06d}"
-        for j in range(size):
-            devices.append(Device(ns, f"{vm}-gpu{j}", cls.name, vm, created=created))
+        devices.extend(Device(ns, f"{vm}-gpu{j}", cls.name, vm, created=created) for j in range(size))
         if s % 10 == 0:  # some VMs already have a launcher pod, not yet on a node
             uid = f"uid-{s}"
             vmis.append(Vmi(ns, vm, uid=f"vmi-{s}", active_pods={uid: ""}))

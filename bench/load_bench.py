@@ -28,7 +28,7 @@ kube-apiserver would fail the VMI CREATE then. The mix (of calls):
 * ``plain`` (the rest, 10%): a VMI naming no gpuplane devices (the captured fedora06
   naming ``nvidia.com/GA102GL_A10`` directly): allowed untouched, no query.
 
-Reviews are the real AdmissionReview shape (``tests.test_webhook.new_vmi`` / ``review``,
+Reviews are the real AdmissionReview shape (``tests.factories.new_vmi`` / ``review``,
 the Bound ones from ``webhook_bench.bound_bodies``). A progress line every 5 s.
 Afterwards, once the worker is idle, the database is checked for double bookings with
 the project's own ledger (``binder.mirror.read.read_cluster`` + ``binder.engine.ledger_for``):
@@ -222,8 +222,8 @@ class Call:
 
 def plain_bodies(count: int, namespaces: list[str], rng: random.Random) -> list[tuple[tuple[str, str], dict]]:
     """VMIs naming no gpuplane devices: the captured fedora06 (raw ``nvidia.com/GA102GL_A10``)."""
+    from tests.factories import review
     from tests.shapes import real
-    from tests.test_webhook import review
 
     out = []
     for i in range(count):
@@ -240,7 +240,7 @@ def plain_bodies(count: int, namespaces: list[str], rng: random.Random) -> list[
 def plan(args: argparse.Namespace, tag: str, rate: float, seconds: float, rng: random.Random) -> list[Call]:
     """The calls of one run, each due on the fixed clock, the cases shuffled in."""
     from binder import models
-    from tests.test_webhook import new_vmi, review
+    from tests.factories import new_vmi, review
 
     total = round(rate * seconds)
     n_pending = round(total * args.pending_share)
@@ -468,14 +468,12 @@ def check_bookings(calls: list[Call]) -> dict[str, Any]:
         )
         twice = cursor.fetchone()[0]
     # Every allowed call that was pinned: its set is Bound, whole, on that node now.
-    where = {}
-    for key, members in sets.items():
-        where[key] = {(d.phase, d.node) for d in members}
-    elsewhere = []
-    for call in calls:
-        if call.outcome == "allowed" and call.node:
-            if where.get(call.key) != {(Phase.BOUND, call.node)}:
-                elsewhere.append((call.case, call.key, call.node, sorted(map(str, where.get(call.key, ())))))
+    where = {key: {(d.phase, d.node) for d in members} for key, members in sets.items()}
+    elsewhere = [
+        (call.case, call.key, call.node, sorted(map(str, where.get(call.key, ()))))
+        for call in calls
+        if call.outcome == "allowed" and call.node and where.get(call.key) != {(Phase.BOUND, call.node)}
+    ]
     pinned: dict[tuple[str, str], set[str]] = defaultdict(set)
     for call in calls:
         if call.outcome == "allowed" and call.node:

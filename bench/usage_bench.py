@@ -172,9 +172,8 @@ class Tenant:
         rows = []
         while True:
             end = self.segment(t, 36.0)
-            for device in devices:
-                rows.append((self.name, "GPU", device, "", vm, cls, resource, 1, node, phase, t, end,
-                             self.pass_id(t), self.pass_id(end)))  # fmt: skip
+            rows.extend((self.name, "GPU", device, "", vm, cls, resource, 1, node, phase, t, end,
+                         self.pass_id(t), self.pass_id(end)) for device in devices)  # fmt: skip
             if end is None:
                 self.open_devices.extend((d, cls, vm, phase, node, t) for d in devices)
                 break

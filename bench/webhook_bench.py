@@ -5,7 +5,7 @@ database (``bench/cluster_bench.py`` generates one; this bench never does), it s
 real parts as subprocesses: gunicorn serving the webhook (2 workers x 26 threads, plain
 HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
 Redis database 12 under a key prefix of its own. Then it times ``POST /webhooks/vmi``
-calls (AdmissionReviews built from the real fixtures, as ``tests/test_webhook.py`` does)
+calls (AdmissionReviews built from the real fixtures by ``tests.factories``, as the webhook tests do)
 for:
 
 * Bound sets: existing sets Bound on one node; the webhook reads the namespace's slice
@@ -185,7 +185,7 @@ def bound_bodies(count: int) -> list[dict[str, Any]]:
     from django.db import connection
 
     from binder import models
-    from tests.test_webhook import new_vmi, review
+    from tests.factories import new_vmi, review
 
     devices = models.GpuDevice._meta.db_table
     namespaces = models.Namespace._meta.db_table
@@ -239,7 +239,7 @@ class PendingSets:
         """Insert the set's device (committed) and return the review of its VMI."""
         import psycopg
 
-        from tests.test_webhook import new_vmi, review
+        from tests.factories import new_vmi, review
 
         ns, vm = spec
         # One connection for all client threads: the server's 52 threads and their LISTEN

@@ -11,7 +11,7 @@ from usage.models import NamespaceGrant
 
 def account(name: str, *namespaces: str, staff: bool = False) -> User:
     """A user granted ``namespaces`` (a tenant), or a staff user."""
-    user = User.objects.create_user(name, password="x", is_staff=staff)  # noqa: S106
+    user = User.objects.create_user(name, password="x", is_staff=staff)
     NamespaceGrant.objects.bulk_create([NamespaceGrant(user=user, namespace=ns) for ns in namespaces])
     return user
 

@@ -1,22 +1,39 @@
-"""Shared test setup.
+"""Shared test setup and the fixtures several test modules use.
 
 Passes are driven by hand in tests (``GPUPLANE_AUTO_PASS`` off) unless a test turns
 automatic passes on to check them. With ``GPUPLANE_FORBID_SKIPS=1`` (the PostgreSQL run
 in CI) any skipped test fails the session, so a run that silently fell back is red.
+
+Test modules share objects through these fixtures and through the helper modules next
+to them (tests/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
+manifests.py, engine_invariants.py, accounts.py, clock.py), never by importing another
+test module.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
+import redis
+from django.conf import settings as django_settings
 from hypothesis import settings as hypothesis_settings
+from kubernetes import client
 
-from tests.shapes import NOW
+from binder import apiserver as kube_connection
+from binder import models
+from binder.kube import client as kube_client
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
+from gpuplane.celery import app as celery_app
+from tests import workers
+from tests.clock import Clock
+from tests.factories import two_tenants
+from tests.kube_emulator import RunningApiServer
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -41,22 +58,103 @@ def _close_answer_listener() -> Iterator[None]:
     ANSWERS.stop()
 
 
-class Clock:
-    """``timezone.now()`` for passes, queries and views, moved by hand (see ``clock``)."""
-
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
-
-
 @pytest.fixture
 def clock() -> Iterator[Clock]:
     """Freeze ``django.utils.timezone.now`` at tests.shapes.NOW; ``clock.advance(hours=1)``."""
     c = Clock()
     with mock.patch("django.utils.timezone.now", side_effect=lambda: c.now):
         yield c
+
+
+# -- the two-tenant cluster (tenant API, admin, security) ----------------------------------------
+
+
+@pytest.fixture
+def cluster(clock: Clock) -> Clock:
+    """Load two tenants (tests.factories.two_tenants), run a pass, 2 h later move t1's set
+    to n3, 1 h later stop there. (tests/test_admin.py and tests/test_staff_pages.py define
+    a ``cluster`` of their own, which takes the place of this one in those modules.)"""
+    load_objects(two_tenants())
+    run_pass("full")
+    clock.advance(hours=2)
+    node = models.Node.objects.get(name="n1")
+    node.labels = {**node.labels, "gpuplane.io/drain": "true"}
+    node.save()
+    run_pass("full")
+    clock.advance(hours=1)
+    return clock
+
+
+# -- cluster mode: the API server emulator -------------------------------------------------------
+
+
+@pytest.fixture
+def apiserver(settings: Any) -> Iterator[RunningApiServer]:
+    """A running emulator (tests.kube_emulator); gpuplane in cluster mode pointed at it."""
+    with RunningApiServer() as server:
+        configuration = client.Configuration()
+        configuration.host = server.url
+        settings.GPUPLANE_CLUSTER = "kubernetes"
+        kube_connection.use(kube_client.KubeApi(client.ApiClient(configuration), request_timeout=10))
+        try:
+            yield server
+        finally:
+            kube_connection.use(None)
+
+
+# -- real parts: Redis, `celery worker`, gunicorn (tests/workers.py) ------------------------------
+
+
+@pytest.fixture
+def postgres_only() -> None:
+    """Skip on SQLite: the real-parts tests run on PostgreSQL, as in production."""
+    workers.skip_unless_postgres()
+
+
+@pytest.fixture
+def broker(settings: Any) -> Iterator[redis.Redis]:
+    """Point this process's Celery at the test Redis, flushed; restore afterwards.
+    (tests/test_faults.py overrides it with its own Redis; tests/test_metrics.py has a
+    ``broker`` of its own.)"""
+    client = redis.Redis.from_url(workers.REDIS_URL)
+    client.ping()  # no Redis is a failure here, not a skip
+    workers.forget_keys(client)
+    # Saved before the settings change: Celery reads its conf from Django's settings lazily,
+    # so reading it afterwards would "save" the test's values and leave eager mode off.
+    conf = celery_app.conf
+    saved = (conf.broker_url, conf.task_always_eager, conf.broker_transport_options)
+    options = {**django_settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": workers.PREFIX}
+    settings.CELERY_BROKER_URL = workers.REDIS_URL
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = options
+    conf.broker_url, conf.task_always_eager, conf.broker_transport_options = workers.REDIS_URL, False, options
+    workers.reset_producer_pool()
+    yield client
+    conf.broker_url, conf.task_always_eager, conf.broker_transport_options = saved
+    workers.reset_producer_pool()
+    workers.forget_keys(client)
+
+
+@pytest.fixture
+def start_worker(broker: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., workers.Worker]]:
+    """``start_worker(name="w1", delay=0.0)`` starts a `celery worker`; all are stopped after the test."""
+    started: list[workers.Worker] = []
+
+    def start(name: str = "w1", delay: float = 0.0) -> workers.Worker:
+        worker = workers.Worker(name, tmp_path / f"{name}-{len(started)}.log", delay)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def server(broker: redis.Redis, tmp_path: Path) -> Iterator[str]:
+    """The webhook served by gunicorn (plain HTTP: TLS has its own test) on a free port: its URL."""
+    with workers.serve_webhook(tmp_path) as url:
+        yield url
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -42,6 +42,7 @@ approximation, for strategic merge patches (gpuplane sends only maps there);
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import re
@@ -143,6 +144,36 @@ def matches_selector(labels: dict[str, str], selector: str) -> bool:
         elif term not in labels:
             return False
     return True
+
+
+def proposed_object(current: dict[str, Any], data: Any, method: str, content_type: str) -> Any:
+    """The object a PUT, JSON patch or merge patch proposes for ``current``."""
+    if method == "PUT":
+        return copy.deepcopy(data)
+    if "json-patch" in content_type or isinstance(data, list):
+        try:
+            return jsonpatch.apply_patch(current, data)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+            raise ApiError(422, "Invalid", f"the JSON patch does not apply: {exc}") from None
+    return merge_patch(current, data)
+
+
+def wanted_version(data: Any) -> str | None:
+    """The resourceVersion a write insists on: in the object, or a JSON patch ``test`` op."""
+    wanted_rv = (data.get("metadata") or {}).get("resourceVersion") if isinstance(data, dict) else None
+    if wanted_rv is None and isinstance(data, list):
+        tests = [op for op in data if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion"]
+        wanted_rv = tests[0].get("value") if tests else None
+    return wanted_rv
+
+
+def watched(meta: dict[str, Any], ns: str | None, name: str | None, selector: str) -> bool:
+    """Whether a watch of namespace ``ns``, object ``name`` and ``selector`` sees this object."""
+    if ns is not None and meta.get("namespace") != ns:
+        return False
+    if name is not None and meta.get("name") != name:
+        return False
+    return matches_selector(meta.get("labels") or {}, selector)
 
 
 @dataclass
@@ -318,19 +349,8 @@ class ApiServer(kmock.KubernetesEmulator):
         current = self.store.objects.get(key)
         if current is None:
             raise ApiError(404, "NotFound", f'{kind.plural} "{name}" not found')
-        if method == "PUT":
-            proposed = copy.deepcopy(data)
-        elif "json-patch" in content_type or isinstance(data, list):
-            try:
-                proposed = jsonpatch.apply_patch(current, data)
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise ApiError(422, "Invalid", f"the JSON patch does not apply: {exc}") from None
-        else:
-            proposed = merge_patch(current, data)
-        wanted_rv = (data.get("metadata") or {}).get("resourceVersion") if isinstance(data, dict) else None
-        if wanted_rv is None and isinstance(data, list):
-            tests = [op for op in data if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion"]
-            wanted_rv = tests[0].get("value") if tests else None
+        proposed = proposed_object(current, data, method, content_type)
+        wanted_rv = wanted_version(data)
         if wanted_rv is not None and wanted_rv != current["metadata"]["resourceVersion"]:
             raise ApiError(
                 409,
@@ -422,6 +442,18 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # -- watch -------------------------------------------------------------------------------
 
+    def _watch_start(self, kind: Kind, ns: str | None, selector: str, since: str | None) -> tuple[list[Event], int]:
+        """The events a watch from ``since`` begins with, and the revision it follows from
+        (-1: that version is compacted away, 410 Gone)."""
+        with self.lock:
+            if since in (None, "", "0"):
+                # No version: the current objects as ADDED, then changes (like the real server).
+                start = self.store.revision
+                return [Event(start, kind, "ADDED", o) for o in self.list(kind, ns, selector)["items"]], start
+            if int(since) < self.store.horizon:
+                return [], -1
+            return [], int(since)
+
     async def _watch(self, raw: Any, kind: Kind, ns: str | None, name: str | None) -> aiohttp.web.StreamResponse:
         assert self.changed is not None
         selector = raw.query.get("labelSelector", "")
@@ -433,15 +465,7 @@ class ApiServer(kmock.KubernetesEmulator):
         async def send(payload: dict[str, Any]) -> None:
             await response.write(json.dumps(payload).encode() + b"\n")
 
-        with self.lock:
-            if since in (None, "", "0"):
-                # No version: the current objects as ADDED, then changes (like the real server).
-                start = self.store.revision
-                initial = [Event(start, kind, "ADDED", o) for o in self.list(kind, ns, selector)["items"]]
-            elif int(since) < self.store.horizon:
-                initial, start = [], -1
-            else:
-                initial, start = [], int(since)
+        initial, start = self._watch_start(kind, ns, selector, since)
         if start < 0:
             gone = ApiError(410, "Expired", f"too old resource version: {since} ({self.store.horizon})")
             await send({"type": "ERROR", "object": gone.status()})
@@ -466,22 +490,14 @@ class ApiServer(kmock.KubernetesEmulator):
                     await send({"type": "ERROR", "object": gone.status()})
                     break
                 for ev in pending:
-                    meta = ev.obj.get("metadata", {})
-                    if ns is not None and meta.get("namespace") != ns:
-                        continue
-                    if name is not None and meta.get("name") != name:
-                        continue
-                    if not matches_selector(meta.get("labels") or {}, selector):
-                        continue
-                    await send({"type": ev.type, "object": ev.obj})
+                    if watched(ev.obj.get("metadata", {}), ns, name, selector):
+                        await send({"type": ev.type, "object": ev.obj})
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
                 async with self.changed:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
-                    except TimeoutError:
-                        pass
         except (ConnectionResetError, asyncio.CancelledError):
             return response
         await response.write_eof()

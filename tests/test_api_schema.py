@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from tests.accounts import account
-from tests.test_usage_api import two_tenants
+from tests.factories import two_tenants
 
 pytestmark = pytest.mark.django_db
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client
 
-from binder import apiserver as kube_connection
 from binder import models, sync
 from binder.kube import client as kube_client
 from binder.runtime.passes import run_pass
+from tests.cluster_mode import GPUS, cluster_gpus, mirrored_devices
+from tests.factories import new_vmi, review
 from tests.kube_emulator import RunningApiServer
+from tests.manifests import of_kind, overlay
 from tests.shapes import (
     A10,
     H100,
@@ -35,23 +36,8 @@ from tests.shapes import (
     plain_pod_obj,
     vmi_obj,
 )
+from tests.webhook_calls import allowed_patch, denied, post
 from usage.models import UsageRecord
-
-GPUS = "/apis/gpuplane.io/v1alpha1"
-
-
-@pytest.fixture
-def apiserver(settings: Any) -> Iterator[RunningApiServer]:
-    """A running emulator; gpuplane in cluster mode pointed at it."""
-    with RunningApiServer() as server:
-        configuration = client.Configuration()
-        configuration.host = server.url
-        settings.GPUPLANE_CLUSTER = "kubernetes"
-        kube_connection.use(kube_client.KubeApi(client.ApiClient(configuration), request_timeout=10))
-        try:
-            yield server
-        finally:
-            kube_connection.use(None)
 
 
 def seed_cluster(server: RunningApiServer) -> None:
@@ -79,11 +65,6 @@ def seed_cluster(server: RunningApiServer) -> None:
     server.seed(vmi, launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
 
 
-def cluster_gpus(server: RunningApiServer) -> dict[tuple[str, str], dict[str, Any]]:
-    items = server.request("GET", f"{GPUS}/gpus")["items"]
-    return {(g["metadata"]["namespace"], g["metadata"]["name"]): g for g in items}
-
-
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -91,13 +72,6 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what or condition}")
-
-
-def mirrored_devices() -> dict[tuple[str, str], tuple[str, str]]:
-    return {
-        (ns, name): (phase, node)
-        for ns, name, phase, node in models.GpuDevice.objects.values_list("namespace__name", "name", "phase", "node")
-    }
 
 
 # -- sync -------------------------------------------------------------------------------------
@@ -372,8 +346,6 @@ def test_sync_lag_and_counts_are_exported(apiserver: RunningApiServer, client: A
 def test_webhook_writes_the_bind_request_annotation_and_the_answer_comes_back_as_status(
     apiserver: RunningApiServer, client: Any
 ) -> None:
-    from tests.test_webhook import allowed_patch, new_vmi, post, review
-
     seed_cluster(apiserver)
     sync.sync_once()
     body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
@@ -391,8 +363,6 @@ def test_webhook_writes_the_bind_request_annotation_and_the_answer_comes_back_as
 def test_webhook_denies_clearly_when_the_api_server_refuses_the_bind_request(
     apiserver: RunningApiServer, client: Any
 ) -> None:
-    from tests.test_webhook import denied, new_vmi, post, review
-
     seed_cluster(apiserver)
     sync.sync_once()
     apiserver.server.fail_writes = lambda verb, kind, ns, target: 503 if kind.plural == "gpus" else None
@@ -410,9 +380,6 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
     (group, resource, verb) the apiserver authorizes, and compare with the union of the
     cluster overlay's ClusterRoles: nothing granted that no code calls, nothing called
     that is not granted."""
-    from tests.test_deploy import of_kind, overlay
-    from tests.test_webhook import allowed_patch, new_vmi, post, review
-
     seed_cluster(apiserver)
     apiserver.server.calls.clear()
     sync.sync_once()  # list every kind; finalizers on GPUs and classes

@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,12 +32,11 @@ import pytest
 import yaml
 
 from binder.kube.objects import ObjectError, parse_object
+from tests.manifests import DEPLOY, KUBECTL, of_kind, one, overlay, pod_containers, render, render_text
 from tests.shapes import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPLOY = ROOT / "deploy"
 OVERLAYS = ("cluster", "standalone")
-KUBECTL = shutil.which("kubectl")
 #: The Kubernetes minor the built-in kinds are validated against.
 K8S_VERSION = "1.32"
 GROUP, VERSION = "gpuplane.io", "v1alpha1"
@@ -92,47 +90,6 @@ DEPLOYMENTS = {
     "cluster": {"gpuplane-web", "gpuplane-binder", "gpuplane-beat", "gpuplane-sync"},
     "standalone": {"gpuplane-web", "gpuplane-binder", "gpuplane-beat"},
 }
-
-
-# -- rendering ------------------------------------------------------------------------------
-
-
-@functools.cache
-def _render_text(path: str) -> str:
-    assert KUBECTL is not None
-    done = subprocess.run(
-        [KUBECTL, "kustomize", path], capture_output=True, text=True, timeout=120, check=False
-    )  # fmt: skip
-    assert done.returncode == 0, f"kubectl kustomize {path} failed:\n{done.stderr}"
-    return done.stdout
-
-
-def render_text(path: Path | str) -> str:
-    return _render_text(str(path))
-
-
-def render(path: Path | str) -> list[dict[str, Any]]:
-    """The objects ``kubectl apply -k path`` would send (fresh copies)."""
-    return [d for d in yaml.safe_load_all(render_text(path)) if d]
-
-
-def overlay(name: str) -> list[dict[str, Any]]:
-    return render(DEPLOY / "overlays" / name)
-
-
-def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = of_kind(docs, kind)
-    assert name in found, f"no {kind} {name} in {sorted(found)}"
-    return found[name]
-
-
-def pod_containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = deployment["spec"]["template"]["spec"]
-    return list(spec.get("initContainers", [])) + list(spec["containers"])
 
 
 # -- the CRDs' schemas as JSON Schema -------------------------------------------------------
@@ -475,38 +432,41 @@ def test_printer_columns_point_at_schema_fields() -> None:
             assert column["type"] == expected, column
 
 
+def assert_structural(node: dict[str, Any], path: str) -> None:
+    """Every field of the schema ``node`` has a type; junctors only add value checks."""
+    assert "type" in node, f"{path}: no type"
+    for junctor in ("anyOf", "allOf", "oneOf"):
+        for index, branch in enumerate(node.get(junctor, [])):
+            assert_in_junctor(branch, node, f"{path}.{junctor}[{index}]")
+    if "not" in node:
+        assert_in_junctor(node["not"], node, f"{path}.not")
+    if "default" in node:
+        jsonschema.Draft4Validator(to_json_schema(node)).validate(node["default"])
+    for name, sub in node.get("properties", {}).items():
+        assert_structural(sub, f"{path}.{name}")
+    if isinstance(node.get("additionalProperties"), dict):
+        assert_structural(node["additionalProperties"], f"{path}[*]")
+    if "items" in node:
+        assert_structural(node["items"], f"{path}[]")
+
+
+def assert_in_junctor(branch: dict[str, Any], outer: dict[str, Any], path: str) -> None:
+    """A junctor ``branch`` of ``outer`` specifies no field that ``outer`` does not."""
+    forbidden = {"type", "description", "default", "additionalProperties", "nullable"} & set(branch)
+    assert not forbidden, f"{path}: {forbidden} inside a junctor"
+    for name, sub in branch.get("properties", {}).items():
+        assert name in outer.get("properties", {}), f"{path}.{name}: not specified outside the junctor"
+        assert_in_junctor(sub, outer["properties"][name], f"{path}.{name}")
+    for name in branch.get("required", []):
+        assert name in outer.get("properties", {}), f"{path}: requires unknown {name}"
+
+
 def test_crd_schemas_are_structural() -> None:
     """The apiserver refuses a CRD whose schema is not structural: every field has a type,
     and anyOf/allOf/oneOf/not only add value checks to fields specified outside them."""
-
-    def walk(node: dict[str, Any], path: str) -> None:
-        assert "type" in node, f"{path}: no type"
-        for junctor in ("anyOf", "allOf", "oneOf"):
-            for index, branch in enumerate(node.get(junctor, [])):
-                in_junctor(branch, node, f"{path}.{junctor}[{index}]")
-        if "not" in node:
-            in_junctor(node["not"], node, f"{path}.not")
-        if "default" in node:
-            jsonschema.Draft4Validator(to_json_schema(node)).validate(node["default"])
-        for name, sub in node.get("properties", {}).items():
-            walk(sub, f"{path}.{name}")
-        if isinstance(node.get("additionalProperties"), dict):
-            walk(node["additionalProperties"], f"{path}[*]")
-        if "items" in node:
-            walk(node["items"], f"{path}[]")
-
-    def in_junctor(branch: dict[str, Any], outer: dict[str, Any], path: str) -> None:
-        forbidden = {"type", "description", "default", "additionalProperties", "nullable"} & set(branch)
-        assert not forbidden, f"{path}: {forbidden} inside a junctor"
-        for name, sub in branch.get("properties", {}).items():
-            assert name in outer.get("properties", {}), f"{path}.{name}: not specified outside the junctor"
-            in_junctor(sub, outer["properties"][name], f"{path}.{name}")
-        for name in branch.get("required", []):
-            assert name in outer.get("properties", {}), f"{path}: requires unknown {name}"
-
     for kind, crd in crds().items():
         schema = served_version(crd)["schema"]["openAPIV3Schema"]
-        walk(schema, kind)
+        assert_structural(schema, kind)
         # Only name/generateName may be constrained in metadata.
         assert schema["properties"]["metadata"] == {"type": "object"}
 

@@ -59,10 +59,12 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.tasks import resync_task
 from gpuplane.celery import app as celery_app
-from tests import test_cluster, test_webhook_race, test_worker
+from tests import workers
+from tests.cluster_mode import GPUS, cluster_gpus, mirrored_devices
+from tests.factories import new_vmi, review
 from tests.kube_emulator import Kind, RunningApiServer
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.test_webhook import answer_of, new_vmi, post, review
+from tests.webhook_calls import answer_of, post
 from usage.models import UsageRecord
 from webhooks import binding, views
 
@@ -76,10 +78,9 @@ SLACK = 1.5
 #: GPUPLANE_FAULT_SEED=<n> runs that seed alone.
 SEEDS = [int(os.environ["GPUPLANE_FAULT_SEED"])] if os.environ.get("GPUPLANE_FAULT_SEED") else [6, 1]
 
-# The real parts of tests/test_worker.py and tests/test_webhook_race.py, reused as they are.
-start_worker = test_worker.start_worker
-server = test_webhook_race.server
-apiserver = test_cluster.apiserver
+# The real parts (the ``server``, ``start_worker`` and ``apiserver`` fixtures) are those of
+# tests/conftest.py and tests/workers.py, shared with tests/test_worker.py,
+# tests/test_webhook_race.py and tests/test_cluster.py; ``broker`` is overridden below.
 
 
 # -- fixtures: real parts ----------------------------------------------------------------------
@@ -95,7 +96,7 @@ class OwnRedis:
     """A ``redis-server`` of this test's own (no persistence), so it can be stopped and started."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = test_webhook_race._free_port()
+        self.port = workers.free_port()
         self.workdir = workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         # No retries: a stopped server must answer "down" at once (redis-py retries with backoff).
@@ -116,13 +117,13 @@ class OwnRedis:
              "--logfile", str(self.workdir / "redis.log")],
             check=True,
         )  # fmt: skip
-        test_worker._wait_for(self.alive, timeout=10)
+        workers.wait_for(self.alive, timeout=10)
 
     def stop(self) -> None:
         """SHUTDOWN NOSAVE: the queue, unacked messages and collapse flags are gone, as in a crash."""
         with contextlib.suppress(redis.RedisError):
             self.client.shutdown(nosave=True)
-        test_worker._wait_for(lambda: not self.alive(), timeout=10)
+        workers.wait_for(lambda: not self.alive(), timeout=10)
 
 
 @pytest.fixture
@@ -139,29 +140,29 @@ def own_redis(real_parts: None, tmp_path: Path) -> Iterator[OwnRedis]:
 def broker(
     request: pytest.FixtureRequest, real_parts: None, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[redis.Redis]:
-    """``tests.test_worker.broker`` with the Redis of ``own_redis`` when the test asks for it,
+    """The ``broker`` of tests/conftest.py with the Redis of ``own_redis`` when the test asks for it,
     and the short bind wait for the web server and this process."""
-    url = request.getfixturevalue("own_redis").url if "own_redis" in request.fixturenames else test_worker.REDIS_URL
-    monkeypatch.setattr(test_worker, "REDIS_URL", url)  # read by Worker and the gunicorn fixture
+    url = request.getfixturevalue("own_redis").url if "own_redis" in request.fixturenames else workers.REDIS_URL
+    monkeypatch.setattr(workers, "REDIS_URL", url)  # read by Worker and the gunicorn fixture
     monkeypatch.setenv("GPUPLANE_BIND_WAIT_SECONDS", str(WAIT))
     settings.GPUPLANE_BIND_WAIT_SECONDS = WAIT
     client = redis.Redis.from_url(url, socket_timeout=5)
     client.ping()  # no Redis is a failure here, not a skip
-    test_worker._forget(client)
+    workers.forget_keys(client)
     # Saved before the settings change: Celery reads its configuration from them lazily.
     conf = celery_app.conf
     saved = (conf.broker_url, conf.task_always_eager, conf.broker_transport_options)
-    options = {**django_settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": test_worker.PREFIX}
+    options = {**django_settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": workers.PREFIX}
     settings.CELERY_BROKER_URL = url
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = options
     conf.broker_url, conf.task_always_eager, conf.broker_transport_options = url, False, options
-    test_worker._reset_producer_pool()
+    workers.reset_producer_pool()
     yield client
     conf.broker_url, conf.task_always_eager, conf.broker_transport_options = saved
-    test_worker._reset_producer_pool()
+    workers.reset_producer_pool()
     with contextlib.suppress(redis.RedisError):
-        test_worker._forget(client)
+        workers.forget_keys(client)
 
 
 # -- webhook calls -------------------------------------------------------------------------------
@@ -262,9 +263,9 @@ def violations() -> list[str]:
     mirror, which the cluster-mode test compares with the cluster).
 
     A set is whole when its held members (Bound or Lost) share one phase and node, as in
-    tests/test_properties.py: Pending members may sit next to them, with a reason (SPEC §4
-    step 1: new members that cannot grow on the set's node stay Pending); ``partly_pending``
-    lists those sets.
+    the engine's property tests (tests/engine_invariants.py): Pending members may sit next
+    to them, with a reason (SPEC §4 step 1: new members that cannot grow on the set's node
+    stay Pending); ``partly_pending`` lists those sets.
     """
     problems = []
     classes = {c.name: c for c in models.GpuClass.objects.all()}
@@ -377,11 +378,11 @@ def restore(client: redis.Redis, mark: int, limit: int = 4) -> Counter[str]:
     """Let the queue drain; while an invariant is broken, send one more event (as the sync or
     the periodic resync would). The passes run since ``mark`` when every invariant held."""
     for _ in range(limit):
-        test_worker._idle(client)
+        workers.wait_until_idle(client)
         if not violations():
             return passes_since(mark)
-        test_worker._event()
-    test_worker._idle(client)
+        workers.mirror_event()
+    workers.wait_until_idle(client)
     assert not violations(), violations()
     return passes_since(mark)
 
@@ -437,7 +438,7 @@ def orders(count: int) -> list[tuple[str, str, list[str]]]:
 
 
 def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
-    request: pytest.FixtureRequest, server: str, start_worker: Callable[..., test_worker.Worker], broker: redis.Redis
+    request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:
     held_set_with_records(["n1", "n2"])
     # A set left split by an earlier half-failed write, and 6 orders for the 4 units left.
@@ -451,12 +452,12 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     before, records, mark = placement(), history(), last_pass()
 
     doomed = start_worker("doomed", delay=4.0)
-    test_worker._event()
-    test_worker._wait_for(lambda: test_worker.pass_holder() is not None)
+    workers.mirror_event()
+    workers.wait_for(lambda: workers.pass_holder() is not None)
     burst = Burst(server, bodies(vms), spread=1.0)
     time.sleep(0.5)
     doomed.stop(signal.SIGKILL)
-    test_worker._wait_for(lambda: test_worker.pass_holder() is None)  # PostgreSQL rolled the pass back
+    workers.wait_for(lambda: workers.pass_holder() is None)  # PostgreSQL rolled the pass back
     # Nothing half-written: no placement, no pass, no usage record from the killed pass.
     assert placement() == before
     assert passes_since(mark) == Counter()
@@ -468,7 +469,7 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     passes = restore(broker, mark)
     retried = [call(server, body) for body in bodies(vms)]  # the VM controller creates the VMIs again
     retry_kinds = check_answers(retried, WAIT)
-    test_worker._idle(broker)
+    workers.wait_until_idle(broker)
 
     assert not violations(), violations()
     # The split set is whole again: gathered on one node, or Lost whole if the room went to
@@ -501,7 +502,7 @@ def test_redis_restarted_during_a_webhook_burst(
     request: pytest.FixtureRequest,
     own_redis: OwnRedis,
     server: str,
-    start_worker: Callable[..., test_worker.Worker],
+    start_worker: Callable[..., workers.Worker],
     broker: redis.Redis,
 ) -> None:
     held_set_with_records(["n1", "n2"])
@@ -528,7 +529,7 @@ def test_redis_restarted_during_a_webhook_burst(
     resumed = (first.started - back).total_seconds()
     retried = [call(server, body) for body in bodies(vms)]
     retry_kinds = check_answers(retried, WAIT)
-    test_worker._idle(broker)
+    workers.wait_until_idle(broker)
 
     assert not violations(), violations()
     assert retry_kinds == {"allowed": 6, "denied: no room (binder's reason)": 2}, retry_kinds
@@ -553,7 +554,7 @@ def test_redis_restarted_during_a_webhook_burst(
 
 def terminate_backends() -> tuple[int, int]:
     """pg_terminate_backend on every other connection to this test database: (the pass's, others)."""
-    holder = test_worker.pass_holder()
+    holder = workers.pass_holder()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -565,7 +566,7 @@ def terminate_backends() -> tuple[int, int]:
 
 
 def test_postgresql_connections_dropped_mid_pass(
-    request: pytest.FixtureRequest, server: str, start_worker: Callable[..., test_worker.Worker], broker: redis.Redis
+    request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:
     held_set_with_records(["n1", "n2", "n3"])
     load_objects([gpu_obj("t2", "mover-gpu0", "h100", "mover", phase="Bound", node="n2")])
@@ -576,19 +577,19 @@ def test_postgresql_connections_dropped_mid_pass(
     records, mark = history(), last_pass()
     worker = start_worker("w1", delay=1.0)
 
-    test_worker._event()  # a full pass that would move the mover (close and open records) and bind
-    test_worker._wait_for(lambda: test_worker.pass_holder() is not None)
+    workers.mirror_event()  # a full pass that would move the mover (close and open records) and bind
+    workers.wait_for(lambda: workers.pass_holder() is not None)
     burst = Burst(server, bodies(vms), spread=0.5)
     time.sleep(0.4)
     holder, others = terminate_backends()
     during = burst.answers()
     kinds = check_answers(during, WAIT)
-    test_worker._wait_for(lambda: "OperationalError" in worker.log.read_text(), timeout=10)
+    workers.wait_for(lambda: "OperationalError" in worker.log.read_text(), timeout=10)
 
     passes = restore(broker, mark)
     retried = [call(server, body) for body in bodies(vms)]
     retry_kinds = check_answers(retried, WAIT)
-    test_worker._idle(broker)
+    workers.wait_until_idle(broker)
 
     assert not violations(), violations()
     # The mover left the drained node: moved to n3, or Lost if the answer pass for the burst
@@ -631,14 +632,14 @@ def cluster_violations(server: RunningApiServer) -> list[str]:
     problems = []
     held: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
     booked: Counter[str] = Counter()  # one unit per device (class h100)
-    for (ns, name), gpu in test_cluster.cluster_gpus(server).items():
+    for (ns, name), gpu in cluster_gpus(server).items():
         status = gpu.get("status") or {}
         cluster_state = (status.get("phase") or "Pending", status.get("node") or "")
         if cluster_state[0] in HELD:
             held[(ns, gpu["spec"]["vmName"])].add(cluster_state)
         if cluster_state[0] == models.Phase.BOUND:
             booked[cluster_state[1]] += 1
-        mirrored = test_cluster.mirrored_devices().get((ns, name))
+        mirrored = mirrored_devices().get((ns, name))
         if mirrored != cluster_state:
             problems.append(f"GPU {ns}/{name}: cluster {cluster_state}, mirror {mirrored}")
     problems += [f"set {key} not whole in the cluster: {sorted(s)}" for key, s in sorted(held.items()) if len(s) > 1]
@@ -673,7 +674,7 @@ def test_api_server_failing_writes_at_random(
     vms = [("t2", vm, [f"{vm}-gpu0", f"{vm}-gpu1"]) for vm in ("vma", "vmb", "vmc", "vmd", "vme")]
     sync.sync_once()
 
-    rng = random.Random(seed)  # noqa: S311 - fault injection, not security
+    rng = random.Random(seed)
     injected: Counter[int] = Counter()
 
     def flaky(verb: str, kind: Kind, ns: str, target: str) -> int | None:
@@ -716,9 +717,9 @@ def test_api_server_failing_writes_at_random(
 
     assert not cluster_violations(apiserver), cluster_violations(apiserver)
     assert sum(injected.values()) > 0
-    bound = [key for key, (phase, _) in test_cluster.mirrored_devices().items() if phase == "Bound"]
+    bound = [key for key, (phase, _) in mirrored_devices().items() if phase == "Bound"]
     assert len(bound) == 2 + 6  # the held set and three orders of two: room for 6 units
-    for gpu_class in apiserver.request("GET", f"{test_cluster.GPUS}/gpuclasses")["items"]:
+    for gpu_class in apiserver.request("GET", f"{GPUS}/gpuclasses")["items"]:
         assert gpu_class["status"]["bound"] == 8, gpu_class["status"]
     writes = len(apiserver.server.writes)
     book = ledger(records)

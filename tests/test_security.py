@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from tests.accounts import account, token_client
-from tests.test_usage_api import TENANT_B_URLS, cluster  # noqa: F401 - the fixture is used by name
+from tests.factories import TENANT_B_URLS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +33,9 @@ def schema_paths() -> set[str]:
 
 def test_every_tenant_endpoint_is_in_the_isolation_test() -> None:
     """Each API path (the webhook aside: the kube-apiserver's, not a tenant's) has a
-    tenant-B URL in ``test_usage_api.TENANT_B_URLS``, which asserts 404 for tenant A,
-    401 without a token, and the same body as for a namespace that does not exist."""
+    tenant-B URL in ``tests.factories.TENANT_B_URLS``, for which tests/test_usage_api.py
+    asserts 404 for tenant A, 401 without a token, and the same body as for a namespace
+    that does not exist."""
     covered = set()
     for template in schema_paths() - {"/webhooks/vmi"}:
         pattern = re.compile("^" + re.sub(r"\{[^}]+\}", "[^/?]+", template) + r"(\?.*)?$")
@@ -61,7 +62,7 @@ def admin_urls() -> list[str]:
 
 
 @pytest.mark.django_db
-def test_the_admin_is_staff_only_for_every_page(cluster: Any) -> None:  # noqa: F811
+def test_the_admin_is_staff_only_for_every_page(cluster: Any) -> None:
     urls = admin_urls()
     assert "/admin/placement-board/" in urls and len(urls) > 10
     tenant = account("alice", "t1")
@@ -82,7 +83,7 @@ def test_the_admin_is_staff_only_for_every_page(cluster: Any) -> None:  # noqa: 
 
 
 @pytest.mark.django_db
-def test_admin_actions_need_a_csrf_token(cluster: Any) -> None:  # noqa: F811
+def test_admin_actions_need_a_csrf_token(cluster: Any) -> None:
     staff = Client(enforce_csrf_checks=True)
     staff.force_login(account("root", staff=True))
     for url in ("/admin/run-pass/", "/admin/binder/lostset/"):

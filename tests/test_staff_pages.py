@@ -471,7 +471,7 @@ def test_usage_chart_and_its_csv_show_the_same_numbers(admin_client: Client, his
     chart = _chart_values(page.content.decode())
     download = admin_client.get(reverse("admin:usage-chart"), {**params, "format": "csv"})
     assert download.status_code == 200 and download["Content-Type"] == "text/csv"
-    assert 'attachment; filename="gpu-hours-2026-11-19-2026-11-23.csv"' == download["Content-Disposition"]
+    assert download["Content-Disposition"] == 'attachment; filename="gpu-hours-2026-11-19-2026-11-23.csv"'
     rows = list(csv.DictReader(io.StringIO(download.content.decode())))
     assert len(rows) == 5
     by_tenant: dict[tuple[str, str], float] = defaultdict(float)

@@ -41,8 +41,9 @@ records close (SPEC §6), and "an open record while Bound or Lost" does not appl
 tests/shapes.py), ``binder.engine.placement``, ``binder.engine.usage`` and
 ``webhooks.admission.decide``/``conclude``; usage records are an in-memory list of immutable
 tuples, kept only through the engine's ``reconcile_usage`` plans (closing a record replaces
-its tuple with one that has an end). The invariant helpers of tests/test_properties.py
-(its ``World``, its independent accounting and its per-pass checks) are reused.
+its tuple with one that has an end). The invariant helpers that tests/test_properties.py
+uses (tests/engine_invariants.py: the ``World``, the independent accounting and the
+per-pass checks) are reused.
 ``ENGINE_EXAMPLES`` x ``ENGINE_STEPS`` = 120 x 110 = 13,200 steps at most; hypothesis also
 tries some shorter runs, so 11,300 to 12,200 steps run in practice (about 5 s on 2 cores).
 ``test_engine_machine`` counts the steps that ran (``STEPS``), prints the count and fails
@@ -96,8 +97,8 @@ from binder.mirror.read import read_cluster
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from tests import shapes
-from tests.conftest import Clock
-from tests.test_properties import (
+from tests.clock import Clock
+from tests.engine_invariants import (
     POOL_LABEL,
     Step,
     World,
@@ -154,8 +155,8 @@ DB_SETTINGS = settings(max_examples=DB_EXAMPLES, stateful_step_count=DB_STEPS, *
 # Strategies. Seconds the clock moves at a step straddle the 300 s node grace period.
 DT = st.sampled_from([0, 1, 30, 120, 299, 301, 900, 3600])
 IDX = st.integers(0, 7)
-NODE = st.integers(-3, 5)  # negative: the node of a Bound set (test_properties.node_ref)
-SET = st.integers(-4, 7)  # negative: a Bound set (test_properties.set_ref)
+NODE = st.integers(-3, 5)  # negative: the node of a Bound set (engine_invariants.node_ref)
+SET = st.integers(-4, 7)  # negative: a Bound set (engine_invariants.set_ref)
 UNITS = st.sampled_from([0, 1, 2, 4, 4, 8, 8])
 CLASS = st.sampled_from([0, 0, 0, 1, 1, 1, 2, 2, 2, -1])  # -1: a class that never exists
 LIMIT = st.none() | st.integers(0, 8)
@@ -703,18 +704,25 @@ class EngineMachine(RuleBasedStateMachine):
         if key is not None:
             self.create_vmi(key, variant)
 
+    def names_in_vmi(self, key: SetKey, members: list[Device], variant: str) -> list[str]:
+        """The devices a VMI of ``variant`` names: its whole set, the set but its first member
+        ("partial"), or the set and a device of another VM in the namespace ("foreign")."""
+        namespace, vm = key
+        names = [d.name for d in members]
+        if variant == "partial":
+            return names[1:]
+        if variant == "foreign":
+            others = sorted(d.name for d in self.world.devices.values() if d.namespace == namespace and d.vm_name != vm)
+            names.append(pick(others, len(names)) or names[0])
+        return names
+
     def create_vmi(self, key: SetKey, variant: str) -> None:
         w = self.world
         if key in w.vmis or key in self.calls:
             return
         namespace, vm = key
         members = w.members(key)
-        names = [d.name for d in members]
-        if variant == "partial":
-            names = names[1:]
-        elif variant == "foreign":
-            others = sorted(d.name for d in w.devices.values() if d.namespace == namespace and d.vm_name != vm)
-            names.append(pick(others, len(names)) or names[0])
+        names = self.names_in_vmi(key, members, variant)
         vmi = new_vmi(namespace, vm, names)
         uid = w.fresh("request-")
         view = self.mirror_view(namespace)

@@ -10,7 +10,6 @@ import pytest
 from django.test import Client
 
 from tests.accounts import account
-from tests.test_usage_api import cluster  # noqa: F401 - the fixture is used by name
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +24,7 @@ def staff_client() -> Client:
     return c
 
 
-def test_records_list_filters_and_csv_export_of_what_is_shown(cluster: Any) -> None:  # noqa: F811
+def test_records_list_filters_and_csv_export_of_what_is_shown(cluster: Any) -> None:
     c = staff_client()
     page = c.get("/admin/usage/usagerecord/", {"namespace": "t1"})
     assert page.status_code == 200
@@ -41,7 +40,7 @@ def test_records_list_filters_and_csv_export_of_what_is_shown(cluster: Any) -> N
     assert c.get("/admin/usage/usagerecord/", {"start__year": "2026"}).status_code == 200  # date drill-down
 
 
-def test_records_cannot_be_added_changed_or_deleted_in_the_admin(cluster: Any) -> None:  # noqa: F811
+def test_records_cannot_be_added_changed_or_deleted_in_the_admin(cluster: Any) -> None:
     c = staff_client()
     record = UsageRecord.objects.filter(end__isnull=False).first()
     assert record is not None
@@ -53,7 +52,7 @@ def test_records_cannot_be_added_changed_or_deleted_in_the_admin(cluster: Any) -
     assert UsageRecord.objects.filter(pk=record.pk).exists()
 
 
-def test_tenants_do_not_open_the_records_admin(cluster: Any) -> None:  # noqa: F811
+def test_tenants_do_not_open_the_records_admin(cluster: Any) -> None:
     tenant = Client()
     tenant.force_login(account("alice", "t1"))
     assert tenant.get("/admin/usage/usagerecord/").status_code == 302

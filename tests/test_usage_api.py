@@ -2,8 +2,9 @@
 decisions, tokens from ``issue_token``, and isolation: another tenant's namespace is 404
 on every endpoint, no credentials 401.
 
-The cluster is built from the real captures and placed by real full passes at times the
-``clock`` fixture sets, so records and decisions come from the binder, not from fixtures.
+The cluster (the ``cluster`` fixture of tests/conftest.py: ``tests.factories.two_tenants``)
+is built from the real captures and placed by real full passes at times the ``clock``
+fixture sets, so records and decisions come from the binder, not from fixtures.
 """
 
 from __future__ import annotations
@@ -19,63 +20,12 @@ from django.test import Client
 from knox.models import AuthToken
 
 from binder import models
-from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from tests.accounts import account, token_client
-from tests.conftest import Clock
-from tests.shapes import (
-    A10,
-    H100,
-    NOW,
-    budget_obj,
-    class_obj,
-    gpu_obj,
-    launcher_obj,
-    namespace_obj,
-    node_obj,
-    plain_pod_obj,
-    vmi_obj,
-)
+from tests.clock import Clock
+from tests.factories import FORGED_UNITS, TENANT_B_URLS
+from tests.shapes import H100, NOW
 from usage.models import NamespaceGrant, UsageRecord
-
-FORGED_UNITS = 3
-
-
-def two_tenants() -> list[dict[str, Any]]:
-    """t1: vm1 (2 h100 on n1, real launcher, a forged launcher with 3 GPUs) and budget;
-    t2: vm9 (1 a10 on n2) and a raw training pod."""
-    vmi = vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {"uid-real": "n1"}, "n1")
-    return [
-        namespace_obj("t1"),
-        namespace_obj("t2"),
-        class_obj("h100", H100),
-        class_obj("a10", A10),
-        node_obj("n1", {H100: 8}),
-        node_obj("n2", {A10: 4}),
-        node_obj("n3", {H100: 8}),
-        gpu_obj("t1", "vm1-gpu0", "h100", "vm1", phase="Bound", node="n1"),
-        gpu_obj("t1", "vm1-gpu1", "h100", "vm1", phase="Bound", node="n1"),
-        vmi,
-        launcher_obj(vmi, H100, 2, "n1", uid="uid-real", name="virt-launcher-vm1-real1"),
-        launcher_obj(vmi, H100, FORGED_UNITS, "n1", name="virt-launcher-vm1-fake1"),
-        budget_obj("t1", {"h100": 4, H100: 8}),
-        gpu_obj("t2", "vm9-gpu0", "a10", "vm9", phase="Bound", node="n2"),
-        plain_pod_obj("t2", "trainer", A10, 1, "n2"),
-    ]
-
-
-@pytest.fixture
-def cluster(clock: Clock) -> Clock:
-    """Load two tenants, run a pass, 2 h later move t1's set to n3, 1 h later stop there."""
-    load_objects(two_tenants())
-    run_pass("full")
-    clock.advance(hours=2)
-    node = models.Node.objects.get(name="n1")
-    node.labels = {**node.labels, "gpuplane.io/drain": "true"}
-    node.save()
-    run_pass("full")
-    clock.advance(hours=1)
-    return clock
 
 
 def get(client: Client, url: str, **params: Any) -> Any:
@@ -221,15 +171,6 @@ def test_devices_and_their_decision_history(cluster: Clock) -> None:
 
 # -- isolation --------------------------------------------------------------------------------
 
-TENANT_B_URLS = [
-    "/api/v1/tenants/t2/usage",
-    "/api/v1/tenants/t2/usage-records",
-    "/api/v1/tenants/t2/usage-records?format=csv",
-    "/api/v1/devices?namespace=t2",
-    "/api/v1/devices/t2/vm9-gpu0",
-    "/api/v1/devices/t2/vm9-gpu0/decisions",
-    "/api/v1/catalog/gpu-options?namespace=t2",
-]
 UNKNOWN_URLS = [u.replace("t2", "nosuch") for u in TENANT_B_URLS]
 
 

@@ -19,7 +19,7 @@ from binder.engine import types as e
 from binder.engine.usage import Holding, OpenRecord, RecordPhase, SubjectKind, holdings, reconcile_usage
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
-from tests.conftest import Clock
+from tests.clock import Clock
 from tests.shapes import (
     A10,
     H100,

@@ -4,7 +4,8 @@ Requests are the captured AdmissionReview (``admissionreview-v1-request-pod-crea
 with the resource swapped to a KubeVirt VMI and the object a VMI shaped like the captured
 fedora06 naming gpuplane.io devices; responses are checked against the captured
 response shapes, and every patch is decoded and applied with ``jsonpatch`` to the VMI
-the apiserver would have patched. The embedded default (no broker) runs the answer
+the apiserver would have patched (requests from ``tests.factories``, answers read by
+``tests.webhook_calls``). The embedded default (no broker) runs the answer
 pass in-process at commit, so the Pending-set tests exercise the whole flow; on
 PostgreSQL one test runs a real Celery worker and checks that LISTEN/NOTIFY wakes the
 webhook at once.
@@ -34,7 +35,7 @@ from binder.engine import Device, GpuClass, Phase
 from binder.mirror.snapshot import load_objects
 from binder.runtime.answers import ANSWERS_CHANNEL
 from binder.runtime.passes import run_pass
-from tests import test_worker
+from tests.factories import new_vmi, review
 from tests.shapes import (
     A10,
     H100,
@@ -42,93 +43,20 @@ from tests.shapes import (
     class_obj,
     gpu_obj,
     launcher_obj,
-    new_uid,
     node_obj,
     plain_pod_obj,
     real,
     vmi_obj,
 )
+from tests.webhook_calls import URL, allowed_patch, answer_of, denied, post
+from tests.workers import Worker
 from webhooks import admission, binding, views
 from webhooks.admission import Action, MirrorView, ReviewError
 
-URL = "/webhooks/vmi"
 ROOT = Path(__file__).resolve().parents[1]
-RESPONSE_ALLOWED = real("admissionreview-v1-response-allowed-patch.json")
-RESPONSE_DENIED = real("admissionreview-v1-response-denied.json")
-
-# The worker fixtures of the Celery integration tests, reused as they are.
-broker = test_worker.broker
-start_worker = test_worker.start_worker
 
 
-# -- building requests ---------------------------------------------------------------------
-
-
-def new_vmi(namespace: str, name: str, devices: list[str], *, extra_gpus: list[dict[str, Any]] | None = None) -> dict:
-    """A VMI as a mutating webhook sees it on CREATE: the captured fedora06 naming
-    ``devices``, with the fields the apiserver has not set yet removed."""
-    obj = vmi_obj(namespace, name, devices, {}, "")
-    for key in ("uid", "resourceVersion", "generation", "finalizers"):
-        obj["metadata"].pop(key, None)
-    obj["metadata"]["creationTimestamp"] = None
-    obj["status"] = {}
-    obj["spec"]["domain"]["devices"]["gpus"] += extra_gpus or []
-    return obj
-
-
-def review(vmi: dict[str, Any], *, uid: str | None = None, **request: Any) -> dict[str, Any]:
-    """The captured AdmissionReview request, turned into a VMI CREATE of ``vmi``."""
-    body = real("admissionreview-v1-request-pod-create.json")
-    req = body["request"]
-    vmi_kind = {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"}
-    vmi_resource = {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"}
-    req.update(
-        uid=uid or new_uid(),
-        kind=vmi_kind,
-        requestKind=dict(vmi_kind),
-        resource=vmi_resource,
-        requestResource=dict(vmi_resource),
-        namespace=vmi["metadata"]["namespace"],
-        object=vmi,
-        **request,
-    )
-    return body
-
-
-def post(client: Client, body: Any, *, raw: bytes | str | None = None, content_type: str = "application/json") -> Any:
-    data = raw if raw is not None else json.dumps(body)
-    return client.post(URL, data=data, content_type=content_type)
-
-
-def answer_of(resp: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """Check the envelope like the apiserver does and return ``response``."""
-    assert resp.status_code == 200, resp.content
-    out = resp.json()
-    assert out["apiVersion"] == "admission.k8s.io/v1"
-    assert out["kind"] == "AdmissionReview"
-    assert out["response"]["uid"] == body["request"]["uid"]
-    assert set(out) == {"apiVersion", "kind", "response"}
-    return out["response"]  # type: ignore[no-any-return]
-
-
-def allowed_patch(resp: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """The patched VMI of an allow-with-patch response (shape as the captured one)."""
-    answer = answer_of(resp, body)
-    assert answer["allowed"] is True, answer
-    assert set(answer) <= set(RESPONSE_ALLOWED["response"])
-    assert answer["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(answer["patch"], validate=True))
-    assert isinstance(ops, list) and ops
-    return jsonpatch.apply_patch(body["request"]["object"], ops)  # type: ignore[no-any-return]
-
-
-def denied(resp: Any, body: dict[str, Any]) -> str:
-    answer = answer_of(resp, body)
-    assert answer["allowed"] is False, answer
-    assert set(answer) == set(RESPONSE_DENIED["response"])
-    assert "patch" not in answer and "patchType" not in answer
-    assert answer["status"]["code"] == 403
-    return answer["status"]["message"]  # type: ignore[no-any-return]
+# -- the patched VMI ----------------------------------------------------------------------
 
 
 def gpus(vmi: dict[str, Any]) -> list[tuple[str, str]]:
@@ -610,7 +538,7 @@ def test_with_a_real_worker_the_webhook_is_woken_by_notify(
     client: Client,
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
-    start_worker: Callable[..., test_worker.Worker],
+    start_worker: Callable[..., Worker],
 ) -> None:
     """The answer pass runs in a separate `celery worker`; the webhook learns of it only
     through NOTIFY (the fallback re-read is pushed beyond the wait), well before the timeout."""

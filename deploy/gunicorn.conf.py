@@ -67,7 +67,7 @@ _tls = _tls_files()
 if _tls is not None:
     certfile, keyfile = _tls
 
-bind = [os.environ.get("GPUPLANE_BIND") or f"0.0.0.0:{TLS_PORT if _tls else PLAIN_PORT}"]  # noqa: S104 (in a pod)
+bind = [os.environ.get("GPUPLANE_BIND") or f"0.0.0.0:{TLS_PORT if _tls else PLAIN_PORT}"]
 workers = _positive_int("GPUPLANE_WEB_WORKERS", 2)
 worker_class = "gthread"
 threads = _positive_int("GPUPLANE_WEB_THREADS", 8)

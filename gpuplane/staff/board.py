@@ -267,9 +267,9 @@ class _Cells:
         parts: list[str] = []
         for holding in held:
             css, attrs = self._device(node, holding, ids) if holding.device else self._pod(holding)
-            start = len(parts)
-            for i in range(start, start + holding.units):
-                parts.append(f'<a class="u {css}{" ob" if i >= alloc else ""}" {attrs}></a>')
+            first = len(parts)
+            units = range(first, first + holding.units)
+            parts.extend(f'<a class="u {css}{" ob" if i >= alloc else ""}" {attrs}></a>' for i in units)
             holder = _holder(holding)
             if not self.wanted or holder.namespace == self.wanted:
                 self.legend[holder.namespace].units += holding.units

@@ -46,6 +46,9 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default")
 @pytest.fixture(autouse=True)
 def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_AUTO_PASS = False
+    # The webhook is off by default in standalone mode; the tests call it (tests/test_webhook_auth.py
+    # checks the defaults and who may call).
+    settings.GPUPLANE_WEBHOOK_ENABLED = True
 
 
 @pytest.fixture(autouse=True)

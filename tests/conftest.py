@@ -143,8 +143,8 @@ def start_worker(broker: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., 
     """``start_worker(name="w1", delay=0.0)`` starts a `celery worker`; all are stopped after the test."""
     started: list[workers.Worker] = []
 
-    def start(name: str = "w1", delay: float = 0.0) -> workers.Worker:
-        worker = workers.Worker(name, tmp_path / f"{name}-{len(started)}.log", delay)
+    def start(name: str = "w1", delay: float = 0.0, **env: str) -> workers.Worker:
+        worker = workers.Worker(name, tmp_path / f"{name}-{len(started)}.log", delay, env)
         started.append(worker)
         return worker
 

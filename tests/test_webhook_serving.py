@@ -309,3 +309,20 @@ def test_the_webhook_is_off_in_standalone_mode_unless_turned_on(client: Any, set
     resp = client.post("/webhooks/vmi", data=body, content_type="application/json")
     assert resp.status_code == 404
     assert "GPUPLANE_WEBHOOK_ENABLED" in resp.json()["error"]
+
+
+@pytest.mark.django_db(transaction=True)  # the answer pass runs at commit
+def test_a_call_with_no_time_left_before_the_apiservers_deadline_writes_nothing(client: Any) -> None:
+    from binder import models
+    from binder.mirror.snapshot import load_objects
+
+    load_objects(OBJECTS)
+    body = json.dumps(review(new_vmi("victim", "train", ["v-gpu0", "v-gpu1"])))
+    resp = client.post("/webhooks/vmi?timeout=1s", data=body, content_type="application/json")
+    assert resp.status_code == 200
+    answer = resp.json()["response"]
+    assert answer["allowed"] is False and "try again" in answer["status"]["message"]
+    assert set(models.GpuDevice.objects.values_list("bind_request", flat=True)) == {""}
+    # With time left (the apiserver's usual 10 s) the same call binds.
+    resp = client.post("/webhooks/vmi?timeout=10s", data=body, content_type="application/json")
+    assert resp.json()["response"]["allowed"] is True, resp.json()["response"]

@@ -69,7 +69,7 @@ def free_port() -> int:
 class Worker:
     """One `celery worker` process (solo pool: the pass runs in the process we can kill)."""
 
-    def __init__(self, name: str, log: Path, delay: float) -> None:
+    def __init__(self, name: str, log: Path, delay: float, extra_env: dict[str, str] | None = None) -> None:
         env = {
             **os.environ,
             "DATABASE_URL": database_url(),
@@ -78,6 +78,7 @@ class Worker:
             "GPUPLANE_VAR_DIR": str(log.parent),
             "GPUPLANE_AUTO_PASS": "false",
             "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
+            **(extra_env or {}),
         }
         self.log = log
         self.handle = log.open("w")

@@ -46,9 +46,11 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default")
 @pytest.fixture(autouse=True)
 def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_AUTO_PASS = False
-    # The webhook is off by default in standalone mode; the tests call it (tests/test_webhook_auth.py
-    # checks the defaults and who may call).
+    # The webhook is off by default in standalone mode, and in cluster mode served only by the
+    # webhook server; the tests call it through Django's client as that server would
+    # (tests/test_webhook_serving.py checks the defaults, the servers and who may call).
     settings.GPUPLANE_WEBHOOK_ENABLED = True
+    settings.GPUPLANE_SERVE = "webhook"
 
 
 @pytest.fixture(autouse=True)

@@ -56,5 +56,11 @@ serve-tls: $(VENV)/.runtime
 	GPUPLANE_TLS_CERT_FILE=$(TLS_DIR)/tls.crt GPUPLANE_TLS_KEY_FILE=$(TLS_DIR)/tls.key GPUPLANE_BIND=$(TLS_BIND) \
 		$(VENV)/bin/gunicorn -c deploy/gunicorn.conf.py gpuplane.wsgi
 
+## serve-webhook: the VMI webhook alone on its own server (deploy/webhook_server.py), plain HTTP on 127.0.0.1:8001
+.PHONY: serve-webhook
+serve-webhook: $(VENV)/.runtime
+	$(PY) manage.py migrate --verbosity 0
+	$(PY) deploy/webhook_server.py
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -4,8 +4,8 @@ Not a test: it prints a markdown table for the README. It generates the 10k-node
 synthetic cluster of ``bench/cluster_bench.py`` into its own database
 (``gpuplane_load_bench``, dropped at the end unless ``--keep``), runs one full pass to
 settle it, then starts the real parts as subprocesses, as ``bench/webhook_bench.py``
-does: gunicorn (``deploy/gunicorn.conf.py``, 2 workers x 8 threads, the deployment
-default, plain HTTP on a free loopback port) and one Celery worker started with the
+does: the webhook server (``deploy/webhook_server.py``, granian, 2 workers x 16 threads,
+the deployment default, plain HTTP on a free loopback port) and one Celery worker started with the
 README's command (``celery -A gpuplane worker -Q binder --concurrency 1 -l info``) on
 Redis database 12 under a key prefix of its own.
 
@@ -618,7 +618,7 @@ def main() -> None:
     parser.add_argument("--plain-share", type=float, default=0.10, help="share of calls naming no gpuplane device")
     parser.add_argument("--timeout", type=float, default=10, help="client timeout (the webhook's timeoutSeconds)")
     parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--web-threads", type=int, default=8)
+    parser.add_argument("--web-threads", type=int, default=16)
     parser.add_argument("--warmup", type=float, default=5, help="seconds of unreported load at a quarter of the rate")
     parser.add_argument("--skip-generate", action="store_true", help="reuse the cluster in the database")
     parser.add_argument("--keep", action="store_true", help="keep the database (default: drop it)")
@@ -679,7 +679,7 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
         var = Path(tmp)
         env = child_env(args, key_prefix, var)
         try:
-            server, url = start_server(env, var / "gunicorn.log", args.web_workers, args.web_threads)
+            server, url = start_server(env, var / "webhook-server.log", args.web_workers, args.web_threads)
             worker = start_worker(env, var / "worker.log")
             if args.warmup:
                 console.print(f"warm-up: {args.warmup:g} s at {args.rate / 4:g} calls/s (not reported)")
@@ -725,7 +725,7 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
             stop(worker)
             inserter.submit(lambda: connection.close()).result()  # its own connection
             inserter.shutdown()
-            log = (var / "gunicorn.log").read_text() if (var / "gunicorn.log").exists() else ""
+            log = (var / "webhook-server.log").read_text() if (var / "webhook-server.log").exists() else ""
             figures["server_log"] = {
                 "webhook calls served (access log)": log.count('"POST /webhooks/vmi '),
                 "HTTP 5xx": len(re.findall(r'" 5\d\d ', log)),
@@ -762,7 +762,7 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
     print()
     print(
         f"Cluster: {c['nodes']} nodes, {c['devices']} devices in {c['sets']} sets, {c['pods']} pods "
-        f"({database_name(args.database_url)}); gunicorn {args.web_workers} x {args.web_threads} threads, "
+        f"({database_name(args.database_url)}); webhook server {args.web_workers} x {args.web_threads} threads, "
         f"1 celery worker (prefork, concurrency 1), {os.cpu_count()} CPUs; 1-minute load average "
         f"{f['loadavg_start'][0]:.2f} at the start, {statistics.mean(during):.2f} mean / {max(during):.2f} max "
         f"during the run (every 5 s)."

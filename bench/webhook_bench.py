@@ -2,8 +2,8 @@
 
 Not a test: it prints a markdown table for the README. Against a cluster already in the
 database (``bench/cluster_bench.py`` generates one; this bench never does), it starts the
-real parts as subprocesses: gunicorn serving the webhook (2 workers x 26 threads, plain
-HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
+real parts as subprocesses: the webhook server (deploy/webhook_server.py; 2 workers x 26
+threads, plain HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
 Redis database 12 under a key prefix of its own. Then it times ``POST /webhooks/vmi``
 calls (AdmissionReviews built from the real fixtures by ``tests.factories``, as the webhook tests do)
 for:
@@ -88,14 +88,15 @@ def stop(process: subprocess.Popen[Any] | None, timeout: float = 30) -> None:
 
 
 def start_server(env: dict[str, str], log: Path, workers: int, threads: int) -> tuple[subprocess.Popen[Any], str]:
+    """The webhook as production serves it: ``deploy/webhook_server.py`` (granian), plain HTTP."""
     port = free_port()
-    env = {**env, "GPUPLANE_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEB_WORKERS": str(workers)}
-    env["GPUPLANE_WEB_THREADS"] = str(threads)
+    env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_WORKERS": str(workers)}
+    env |= {"GPUPLANE_WEBHOOK_THREADS": str(threads), "GPUPLANE_WEBHOOK_ENABLED": "true"}
+    env["GPUPLANE_WEBHOOK_AUTH"] = "none"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "gpuplane.wsgi"],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -106,7 +107,7 @@ def start_server(env: dict[str, str], log: Path, workers: int, threads: int) -> 
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 stop(process)
-                raise SystemExit(f"gunicorn did not start:\n{log.read_text()}") from None
+                raise SystemExit(f"the webhook server did not start:\n{log.read_text()}") from None
             time.sleep(0.1)
 
 
@@ -381,7 +382,7 @@ def main() -> None:
         var = Path(tmp)
         env = child_env(args, key_prefix, var)
         try:
-            server, url = start_server(env, var / "gunicorn.log", args.web_workers, args.web_threads)
+            server, url = start_server(env, var / "webhook-server.log", args.web_workers, args.web_threads)
             worker = start_worker(env, var / "worker.log")
             class_name, free = roomiest_class()
             needed = 2 * args.pending + args.serial_pending + 1
@@ -424,7 +425,7 @@ def main() -> None:
                 pending.close()
             stop(server)
             stop(worker)
-            log = (var / "gunicorn.log").read_text() if (var / "gunicorn.log").exists() else ""
+            log = (var / "webhook-server.log").read_text() if (var / "webhook-server.log").exists() else ""
             server_log["LISTEN fallbacks (polling)"] = log.count("polling for bind answers")
             server_log["HTTP 500s"] = log.count('" 500 ')
             deleted = delete_inserted()
@@ -446,7 +447,7 @@ def report(
     print()
     print(
         f"Cluster: {counts['nodes']} nodes, {counts['devices']} devices ({database_name(args.database_url)}); "
-        f"gunicorn {args.web_workers} x {args.web_threads} threads, 1 celery worker (solo), "
+        f"webhook server {args.web_workers} x {args.web_threads} threads, 1 celery worker (solo), "
         f"{args.clients} concurrent clients, {os.cpu_count()} CPUs."
     )
     if passes:

@@ -21,6 +21,7 @@ default) Celery runs the task in-process at commit.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import cache
 
@@ -65,7 +66,8 @@ def _claim(kind: str) -> bool:
     if client is None:
         return True
     try:
-        return bool(client.set(collapse_key(kind), "1", nx=True, ex=COLLAPSE_TTL))
+        # The value is when the pass was queued: how long a full pass has waited (fairness).
+        return bool(client.set(collapse_key(kind), f"{time.time():.3f}", nx=True, ex=COLLAPSE_TTL))
     except redis.RedisError:
         log.warning("collapse key unavailable; publishing the %s pass anyway", kind, exc_info=True)
         return True
@@ -80,6 +82,26 @@ def release(kind: str) -> None:
         client.delete(collapse_key(kind))
     except redis.RedisError:
         log.warning("could not clear the %s collapse key; it expires in %ss", kind, COLLAPSE_TTL, exc_info=True)
+
+
+def full_pass_overdue() -> bool:
+    """True when a full pass has been queued for longer than
+    ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS`` (SPEC §4): the next answer pass runs it first,
+    so moves, usage records and status do not starve under a stream of bind requests. A
+    full pass waits behind answer passes by design (they go first in the queue); this bounds
+    how long."""
+    client = collapse_client()
+    if client is None:
+        return False  # in-process passes run at once: nothing waits
+    try:
+        queued = client.get(collapse_key(PassKind.FULL))
+    except redis.RedisError:
+        return False
+    try:
+        since = float(queued) if queued else None
+    except ValueError:
+        since = None  # a flag from before the timestamp was kept: not overdue yet
+    return since is not None and time.time() - since > settings.GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS
 
 
 #: Celery task names (stable: queued messages and beat schedules name them).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from binder.models import PassKind
-from binder.queue import queue_full_pass, release, send_full_pass
+from binder.queue import full_pass_overdue, queue_full_pass, release, send_full_pass
 from binder.runtime.passes import run_pass
 
 
@@ -29,6 +29,12 @@ def answer_pass_task() -> int:
     usage record then opens within one pass of its binding.
     """
     release(PassKind.ANSWER)
+    if full_pass_overdue():
+        # The queued full pass waited past GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS behind answer
+        # passes: run it now, ahead of this one. Its queued message still runs later (cheap:
+        # nothing changed), and events from now on queue the next one.
+        release(PassKind.FULL)
+        run_pass(PassKind.FULL)
     run = run_pass(PassKind.ANSWER)
     if run.bound or run.moved or run.lost or run.restored:
         queue_full_pass()

@@ -114,7 +114,10 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "gpuplane.urls"
+#: Which server this process is: "api" (the admin and the tenant API, gunicorn) or
+#: "webhook" (the VMI webhook alone on its own port, ``deploy/webhook_server.py``).
+GPUPLANE_SERVE = env_choice("GPUPLANE_SERVE", "api", ("api", "webhook"))
+ROOT_URLCONF = "gpuplane.webhook_urls" if GPUPLANE_SERVE == "webhook" else "gpuplane.urls"
 WSGI_APPLICATION = "gpuplane.wsgi.application"
 
 TEMPLATES = [
@@ -206,6 +209,50 @@ GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
 #: The largest AdmissionReview body the webhook reads (bytes). A VMI is at most etcd's
 #: 1.5 MiB object limit, and a review carries the object once for CREATE.
 GPUPLANE_WEBHOOK_MAX_BYTES = env_int("GPUPLANE_WEBHOOK_MAX_BYTES", 3 * 1024 * 1024, minimum=1024)
+#: Is the VMI webhook served at all? On in cluster mode (where the apiserver calls it on
+#: the webhook server's own port), off in standalone mode unless turned on.
+GPUPLANE_WEBHOOK_ENABLED = env_bool("GPUPLANE_WEBHOOK_ENABLED", GPUPLANE_CLUSTER == "kubernetes")
+#: Who may call the webhook (SPEC §5: only the kube-apiserver): "token" (the bearer token
+#: the apiserver's AdmissionConfiguration kubeconfig sends, GPUPLANE_WEBHOOK_TOKEN_FILE),
+#: "client-cert" (the webhook server verifies the apiserver's TLS client certificate
+#: against GPUPLANE_WEBHOOK_CLIENT_CA before any byte reaches Django), or "none" (no check:
+#: only behind a NetworkPolicy that admits the apiserver alone). Token by default in
+#: cluster mode and whenever the webhook is on.
+GPUPLANE_WEBHOOK_AUTH = env_choice(
+    "GPUPLANE_WEBHOOK_AUTH", "token" if GPUPLANE_WEBHOOK_ENABLED else "none", ("token", "client-cert", "none")
+)
+GPUPLANE_WEBHOOK_CLIENT_CA = os.environ.get("GPUPLANE_WEBHOOK_CLIENT_CA", "")
+
+
+def _webhook_token() -> str:
+    """The webhook's bearer token, from GPUPLANE_WEBHOOK_TOKEN_FILE (a mounted Secret) or
+    GPUPLANE_WEBHOOK_TOKEN; surrounding whitespace (the newline ``--from-file`` leaves) is
+    not part of it."""
+    path = os.environ.get("GPUPLANE_WEBHOOK_TOKEN_FILE", "")
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"GPUPLANE_WEBHOOK_TOKEN_FILE={path!r}: {exc.strerror}") from None
+    else:
+        token = os.environ.get("GPUPLANE_WEBHOOK_TOKEN", "").strip()
+    # Needed where the webhook is served: the webhook server, or the one server of standalone mode.
+    serves = GPUPLANE_SERVE == "webhook" or GPUPLANE_CLUSTER == "standalone"
+    if serves and GPUPLANE_WEBHOOK_ENABLED and GPUPLANE_WEBHOOK_AUTH == "token" and len(token) < 32:
+        raise ImproperlyConfigured(
+            "GPUPLANE_WEBHOOK_AUTH=token needs a token of at least 32 characters in GPUPLANE_WEBHOOK_TOKEN_FILE "
+            "(or GPUPLANE_WEBHOOK_TOKEN); the kube-apiserver sends it (see the README: Serving the webhook), "
+            "or set GPUPLANE_WEBHOOK_AUTH=client-cert / none"
+        )
+    return token
+
+
+GPUPLANE_WEBHOOK_TOKEN = _webhook_token()
+if GPUPLANE_WEBHOOK_AUTH == "client-cert" and GPUPLANE_SERVE == "webhook" and not GPUPLANE_WEBHOOK_CLIENT_CA:
+    raise ImproperlyConfigured(
+        "GPUPLANE_WEBHOOK_AUTH=client-cert needs GPUPLANE_WEBHOOK_CLIENT_CA: the CA that signed the "
+        "kube-apiserver's client certificate"
+    )
 #: Cluster mode: the API server's URL, when neither in-cluster config nor a kubeconfig
 #: should be used (``kubectl proxy`` at http://127.0.0.1:8001, or the tests' emulator).
 GPUPLANE_KUBE_HOST = os.environ.get("GPUPLANE_KUBE_HOST", "")
@@ -218,6 +265,8 @@ GPUPLANE_WATCH_SECONDS = env_int("GPUPLANE_WATCH_SECONDS", 60, minimum=1)
 #: keep it below the webhook's timeoutSeconds, 10 by default).
 GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
+#: A queued full pass waits behind answer passes at most this long (SPEC §4 fairness).
+GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS", 5.0)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every
 #: pass, holding the pass lock, between reading and writing. Never set it in production.

@@ -46,6 +46,11 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default")
 @pytest.fixture(autouse=True)
 def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_AUTO_PASS = False
+    # The webhook is off by default in standalone mode, and in cluster mode served only by the
+    # webhook server; the tests call it through Django's client as that server would
+    # (tests/test_webhook_serving.py checks the defaults, the servers and who may call).
+    settings.GPUPLANE_WEBHOOK_ENABLED = True
+    settings.GPUPLANE_SERVE = "webhook"
 
 
 @pytest.fixture(autouse=True)
@@ -140,8 +145,8 @@ def start_worker(broker: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., 
     """``start_worker(name="w1", delay=0.0)`` starts a `celery worker`; all are stopped after the test."""
     started: list[workers.Worker] = []
 
-    def start(name: str = "w1", delay: float = 0.0) -> workers.Worker:
-        worker = workers.Worker(name, tmp_path / f"{name}-{len(started)}.log", delay)
+    def start(name: str = "w1", delay: float = 0.0, **env: str) -> workers.Worker:
+        worker = workers.Worker(name, tmp_path / f"{name}-{len(started)}.log", delay, env)
         started.append(worker)
         return worker
 

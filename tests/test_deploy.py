@@ -67,7 +67,7 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     **{("gpuplane-binder", GROUP, f"{r}/status"): {"patch"} for r in ("gpus", "gpuclasses", "gpubudgets")},
     ("gpuplane-binder", "kubevirt.io", "virtualmachineinstances"): {"get"},
     # the web: the bind request annotation, VMIs for the tenant usage API.
-    ("gpuplane-web", GROUP, "gpus"): {"patch"},
+    ("gpuplane-webhook", GROUP, "gpus"): {"patch"},
     ("gpuplane-web", "kubevirt.io", "virtualmachineinstances"): {"get"},
 }
 #: All roles together: list/watch on the mirrored kinds, get on VMIs, patch on gpus and
@@ -82,12 +82,13 @@ EXPECTED_UNION = {
 #: ServiceAccount -> the ClusterRoles bound to it (cluster overlay).
 EXPECTED_BINDINGS = {
     "gpuplane-web": {"gpuplane-web"},
+    "gpuplane-webhook": {"gpuplane-webhook"},
     "gpuplane-binder": {"gpuplane-binder"},
     "gpuplane-sync": {"gpuplane-sync"},
     "gpuplane-beat": set(),
 }
 DEPLOYMENTS = {
-    "cluster": {"gpuplane-web", "gpuplane-binder", "gpuplane-beat", "gpuplane-sync"},
+    "cluster": {"gpuplane-web", "gpuplane-webhook", "gpuplane-binder", "gpuplane-beat", "gpuplane-sync"},
     "standalone": {"gpuplane-web", "gpuplane-binder", "gpuplane-beat"},
 }
 
@@ -653,6 +654,9 @@ def test_deployments(name: str) -> None:
     assert config_map["metadata"]["name"].startswith("gpuplane-settings-")  # hashed: a change rolls the pods
     command = {n: d["spec"]["template"]["spec"]["containers"][0]["command"] for n, d in deployments.items()}
     assert command["gpuplane-web"] == ["gunicorn", "-c", "deploy/gunicorn.conf.py", "gpuplane.wsgi"]
+    if name == "cluster":
+        assert command["gpuplane-webhook"] == ["python", "deploy/webhook_server.py"]
+        assert deployments["gpuplane-webhook"]["spec"]["replicas"] == 2
     assert command["gpuplane-binder"] == [
         "celery", "-A", "gpuplane", "worker", "-Q", "binder", "--concurrency", "1", "--prefetch-multiplier", "1",
         "-l", "info",
@@ -691,12 +695,19 @@ def test_deployments(name: str) -> None:
                     "name": key,
                     "valueFrom": {"secretKeyRef": {"name": "gpuplane-secrets", "key": key}},
                 }
-            assert all("value" not in e or not re.search(r"(?i)secret|password|token", e["name"]) for e in env.values())
+            # A value may name where a secret is mounted (``*_FILE``), never hold one.
+            secretive = re.compile(r"(?i)secret|password|token")
+            assert all(
+                "value" not in e or e["name"].endswith("_FILE") or not secretive.search(e["name"]) for e in env.values()
+            )
 
 
-def test_web_serves_tls_with_probes() -> None:
+@pytest.mark.parametrize(
+    ("deployment", "service"), [("gpuplane-web", "gpuplane-api"), ("gpuplane-webhook", "gpuplane-webhook")]
+)
+def test_web_and_webhook_serve_tls_with_probes(deployment: str, service: str) -> None:
     docs = overlay("cluster")
-    web = one(docs, "Deployment", "gpuplane-web")
+    web = one(docs, "Deployment", deployment)
     spec = web["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -708,12 +719,16 @@ def test_web_serves_tls_with_probes() -> None:
     for probe in ("readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]
         assert (get["scheme"], get["path"], get["port"]) == ("HTTPS", "/healthz", "https")
-    service = one(docs, "Service", "gpuplane-webhook")
-    (port,) = service["spec"]["ports"]
+    front = one(docs, "Service", service)
+    (port,) = front["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (443, "https")
     assert container["ports"] == [{"name": "https", "containerPort": 8443}]
-    assert service["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
-    budget = one(docs, "PodDisruptionBudget", "gpuplane-web")
+    assert front["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    # The Services select one Deployment each: the webhook's port serves nothing else.
+    others = [d for d in of_kind(docs, "Deployment").values() if d is not web]
+    selector = front["spec"]["selector"].items()
+    assert not any(selector <= d["spec"]["template"]["metadata"]["labels"].items() for d in others)
+    budget = one(docs, "PodDisruptionBudget", deployment)
     assert budget["spec"]["selector"] == web["spec"]["selector"]
 
 

@@ -67,3 +67,30 @@ def test_fifty_concurrent_calls_for_room_for_ten_sets_allow_exactly_ten(
     assert models.GpuDevice.objects.filter(phase="Bound").count() == ROOM
     for node in ("n1", "n2"):
         assert models.GpuDevice.objects.filter(phase="Bound", node=node).count() <= 5
+
+
+@pytest.mark.parametrize("calls", [5, 50])
+def test_concurrent_calls_for_one_vm_all_get_the_same_answer(
+    calls: int, server: str, start_worker: Callable[..., Worker]
+) -> None:
+    """The apiserver retrying, or two replicas, send several reviews for one Pending VM at
+    once: they share one bind request (a call joins the request in flight, or follows the one
+    that replaced its own), so every call is allowed with the same node, none times out."""
+    load_objects(
+        [
+            class_obj("h100", H100),
+            node_obj("n1", {H100: 8}),
+            *[gpu_obj("t1", f"train-gpu{i}", "h100", "train") for i in range(4)],
+        ]
+    )
+    start_worker()
+    vmi = new_vmi("t1", "train", [f"train-gpu{i}" for i in range(4)])
+    bodies = [review(vmi) for _ in range(calls)]
+    with ThreadPoolExecutor(max_workers=calls) as pool:
+        answers = list(pool.map(lambda body: _call(server, body), bodies))
+
+    verdicts = {(a["response"]["allowed"], a["response"].get("status", {}).get("message")) for a in answers}
+    assert verdicts == {(True, None)}, verdicts
+    patches = {a["response"]["patch"] for a in answers}
+    assert len(patches) == 1  # the same node, the same rewrite, for every call
+    assert set(models.GpuDevice.objects.values_list("phase", "node")) == {("Bound", "n1")}

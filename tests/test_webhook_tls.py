@@ -200,7 +200,7 @@ def deploy_docs() -> dict[str, dict[str, Any]]:
     return {
         "MutatingWebhookConfiguration": named["MutatingWebhookConfiguration", "gpuplane-vmi"],
         "Service": named["Service", SERVICE],
-        "Deployment": named["Deployment", "gpuplane-web"],
+        "Deployment": named["Deployment", "gpuplane-webhook"],
         "ConfigMap": config_map,
     }
 
@@ -265,7 +265,7 @@ def test_service_and_deployment_match_the_webhook() -> None:
     (container_port,) = container["ports"]
     assert port["targetPort"] in (container_port["name"], container_port["containerPort"])
     assert container_port["containerPort"] == 8443
-    assert container["command"][:3] == ["gunicorn", "-c", "deploy/gunicorn.conf.py"]
+    assert container["command"] == ["python", "deploy/webhook_server.py"]
 
     env = container_env(container, docs["ConfigMap"])
     assert env["GPUPLANE_CLUSTER"]["value"] == "kubernetes"
@@ -277,6 +277,12 @@ def test_service_and_deployment_match_the_webhook() -> None:
     # Secrets come from a Secret, never from the file.
     for name in ("DJANGO_SECRET_KEY", "DATABASE_URL", "CELERY_BROKER_URL"):
         assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["key"] == name
+    # Only the kube-apiserver may call: its bearer token, from a Secret mounted as a file.
+    assert env["GPUPLANE_WEBHOOK_AUTH"]["value"] == "token"
+    token_file = env["GPUPLANE_WEBHOOK_TOKEN_FILE"]["value"]
+    token_mount = next(m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"]))
+    token_volume = next(v for v in template["spec"]["volumes"] if v["name"] == token_mount["name"])
+    assert token_volume["secret"]["secretName"] == "gpuplane-webhook-token"
     hosts = env["DJANGO_ALLOWED_HOSTS"]["value"].split(",")
     assert f"{SERVICE}.{NAMESPACE}.svc" in hosts
     for probe in ("readinessProbe", "livenessProbe"):
@@ -361,7 +367,9 @@ def vmi_review_without_gpus(uid: str) -> dict[str, Any]:
     return body
 
 
-def test_gunicorn_serves_the_webhook_over_tls(tmp_path: Path) -> None:
+def test_gunicorn_serves_the_api_over_tls_and_leaves_the_webhook_to_its_own_server(tmp_path: Path) -> None:
+    """In cluster mode the API's gunicorn serves HTTPS, and the webhook only on the webhook
+    server's port (tests/test_webhook_serving.py): here it answers 404, writing nothing."""
     certs = tmp_path / "tls"
     make_certs(certs, "--local")
     env = {
@@ -407,13 +415,10 @@ def test_gunicorn_serves_the_webhook_over_tls(tmp_path: Path) -> None:
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
         resp = conn.getresponse()
-        assert resp.status == 200
+        assert resp.status == 404
         out = json.loads(resp.read())
         conn.close()
-        assert (out["apiVersion"], out["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
-        assert out["response"]["uid"] == uid
-        assert out["response"]["allowed"] is True
-        assert "patch" not in out["response"]
+        assert out["error"] == "in cluster mode the VMI webhook is served by the webhook server only, on its own port"
 
         # Plain HTTP to the TLS port gets no HTTP answer.
         plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -23,7 +23,7 @@ from django.db import transaction
 
 from binder import models
 from binder.mirror.snapshot import load_objects
-from binder.queue import collapse_key, queue_answer_pass
+from binder.queue import collapse_key, queue_answer_pass, queue_full_pass
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 from tests.workers import PREFIX, REDIS_URL, Worker, mirror_event, pass_running, wait_for, wait_until_idle
 
@@ -75,6 +75,38 @@ def test_an_answer_pass_runs_right_after_the_running_pass_before_the_next_full_p
         queue_answer_pass()  # published last, but must run before B
     wait_until_idle(broker)
     assert [r.kind for r in _runs()] == ["full", "answer", "full"]
+
+
+@pytest.mark.parametrize(("max_delay", "starves"), [(1.0, False), (60.0, True)])
+def test_a_queued_full_pass_waits_behind_a_stream_of_answer_passes_at_most_the_max_delay(
+    start_worker: Callable[..., Worker], broker: redis.Redis, max_delay: float, starves: bool
+) -> None:
+    """SPEC §4 fairness: answer passes go first, but a full pass queued during a stream of them
+    runs within GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS (plus the pass in flight). With a delay
+    longer than the stream it waits for the whole stream: the setting is what bounds it."""
+    _cluster(orders=2)
+    start_worker(delay=0.3, GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS=str(max_delay))
+    mirror_event()  # full pass A
+    wait_for(pass_running)
+    with transaction.atomic():
+        queue_full_pass()  # full pass B, queued behind A and then behind the stream
+    queued = time.monotonic()
+    stream_until = queued + 4.0
+    while time.monotonic() < stream_until:  # a bind request every 0.1 s: an answer pass always queued
+        models.GpuDevice.objects.filter(name="vm0-gpu0").update(bind_request=f"req-{time.monotonic()}")
+        with transaction.atomic():
+            queue_answer_pass()
+        time.sleep(0.1)
+    wait_until_idle(broker)
+    runs = _runs()
+    full_b = [r for r in runs if r.kind == "full"][1]
+    answers_before_b = sum(1 for r in runs if r.kind == "answer" and r.started < full_b.started)
+    answers_after_b = sum(1 for r in runs if r.kind == "answer" and r.started > full_b.started)
+    if starves:
+        assert answers_after_b <= 1, "the full pass ran during the stream although its delay was not reached"
+    else:
+        # B ran in the middle of the stream, ahead of answer passes queued before it ran.
+        assert answers_before_b >= 1 and answers_after_b >= 3, (answers_before_b, answers_after_b)
 
 
 def test_two_workers_never_overlap_and_never_book_a_unit_twice(

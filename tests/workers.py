@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,7 +69,7 @@ def free_port() -> int:
 class Worker:
     """One `celery worker` process (solo pool: the pass runs in the process we can kill)."""
 
-    def __init__(self, name: str, log: Path, delay: float) -> None:
+    def __init__(self, name: str, log: Path, delay: float, extra_env: dict[str, str] | None = None) -> None:
         env = {
             **os.environ,
             "DATABASE_URL": database_url(),
@@ -77,6 +78,7 @@ class Worker:
             "GPUPLANE_VAR_DIR": str(log.parent),
             "GPUPLANE_AUTO_PASS": "false",
             "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
+            **(extra_env or {}),
         }
         self.log = log
         self.handle = log.open("w")
@@ -106,38 +108,27 @@ class Worker:
 
 
 @contextmanager
-def serve_webhook(workdir: Path) -> Iterator[str]:
-    """The webhook served by gunicorn (plain HTTP: TLS has its own test) on a free port,
-    with the test database and :data:`REDIS_URL`; yields its URL."""
+def webhook_server(env: dict[str, str], workdir: Path, *, scheme: str = "http") -> Iterator[str]:
+    """The production webhook server (``deploy/webhook_server.py``: granian, its own port)
+    with ``env`` on a free port; yields its URL once ``/healthz`` answers."""
     port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "CELERY_BROKER_URL": REDIS_URL,
-        "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
-        "GPUPLANE_VAR_DIR": str(workdir),
-        "GPUPLANE_AUTO_PASS": "false",
-        "GPUPLANE_BIND": f"127.0.0.1:{port}",
-        "GPUPLANE_WEB_WORKERS": "2",
-        "GPUPLANE_WEB_THREADS": "13",
-        "GPUPLANE_CLUSTER": "standalone",
-    }
-    log = (workdir / "gunicorn.log").open("w")
+    env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_ENABLED": "true"}
+    log = (workdir / "webhook-server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "gpuplane.wsgi"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+        [sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"{scheme}://127.0.0.1:{port}"
+    context = ssl._create_unverified_context()  # noqa: S323 - readiness probe of a loopback test server
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:  # noqa: S310 - loopback
+                with urllib.request.urlopen(f"{url}/healthz", timeout=1, context=context) as resp:  # noqa: S310
                     if resp.status == 200:
                         break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((workdir / "gunicorn.log").read_text()) from None
+                    raise RuntimeError((workdir / "webhook-server.log").read_text()) from None
                 time.sleep(0.1)
         yield url
     finally:
@@ -146,7 +137,28 @@ def serve_webhook(workdir: Path) -> Iterator[str]:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
         log.close()
+
+
+@contextmanager
+def serve_webhook(workdir: Path) -> Iterator[str]:
+    """The webhook as production serves it (plain HTTP: TLS has its own test), with the test
+    database and :data:`REDIS_URL`; yields its URL."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "CELERY_BROKER_URL": REDIS_URL,
+        "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
+        "GPUPLANE_VAR_DIR": str(workdir),
+        "GPUPLANE_AUTO_PASS": "false",
+        "GPUPLANE_WEBHOOK_WORKERS": "2",
+        "GPUPLANE_WEBHOOK_THREADS": "26",
+        "GPUPLANE_WEBHOOK_AUTH": "none",
+        "GPUPLANE_CLUSTER": "standalone",
+    }
+    with webhook_server(env, workdir) as url:
+        yield url
 
 
 def mirror_event() -> None:

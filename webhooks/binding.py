@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -33,7 +35,7 @@ from binder.errors import describe
 from binder.mirror.read import engine_settings, read_rows
 from binder.runtime.answers import listening
 from webhooks import admission
-from webhooks.admission import Action, MirrorView, Review, Verdict, conclude, timed_out
+from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ POLL_SECONDS = 0.05
 #: With LISTEN, the database is still re-read this often in case a notification is lost
 #: (e.g. the listening connection broke); notifications normally wake the wait at once.
 RECHECK_SECONDS = 1.0
+#: The wait ends this long before the apiserver's own deadline, leaving time to answer.
+TIMEOUT_MARGIN = 1.5
 
 
 def mirror_view(namespace: str) -> MirrorView:
@@ -64,18 +68,62 @@ class _SetChanged(Exception):
     """The set's rows changed between the decision and the bind-request write."""
 
 
-def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: float) -> Verdict:  # noqa: C901 - write, then one wait loop with its failure cases
-    """Write the bind requests, queue an answer pass and wait for its answers.
+class _Joined(Exception):
+    """This call joins the request in flight: nothing to write."""
+
+
+def inflight_request(review: Review, names: tuple[str, ...], wait: float) -> str | None:
+    """The set's bind request still waiting for its answer, if one was written within the
+    last ``wait`` seconds (an older unanswered one belongs to a call that gave up: replace it)."""
+    rows = list(
+        models.GpuDevice.objects.filter(
+            namespace__name=review.namespace, vm_name=review.name, name__in=names
+        ).values_list("bind_request", "answered_request", "bind_requested_at")
+    )
+    if len(rows) != len(names):
+        return None
+    requests = {request for request, _, _ in rows}
+    (request,) = requests if len(requests) == 1 else ("",)
+    fresh_after = timezone.now() - timedelta(seconds=wait)
+    if not request or any(answered == request or at is None or at < fresh_after for _, answered, at in rows):
+        return None
+    return request
+
+
+def wait_budget(timeout: str | None) -> float:
+    """How long a call may wait for its answer: ``GPUPLANE_BIND_WAIT_SECONDS``, and never past
+    the caller. The kube-apiserver appends its own deadline to the webhook URL
+    (``?timeout=10s``); an answer after that reaches no one (and a set bound for a VMI whose
+    creation already failed is booked for nothing), so the wait ends ``TIMEOUT_MARGIN``
+    seconds before it."""
+    wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS)
+    match = re.fullmatch(r"(\d{1,4})s", timeout or "")
+    if match is None:
+        return wait
+    return max(0.0, min(wait, int(match.group(1)) - TIMEOUT_MARGIN))
+
+
+def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its failure cases
+    review: Review, view: MirrorView, verdict: Verdict, started: float, wait: float | None = None
+) -> Verdict:
+    """Write the bind requests (or join the one in flight), queue an answer pass and wait.
 
     The wait counts from the request's arrival (``started``), so the whole call stays
-    within ``GPUPLANE_BIND_WAIT_SECONDS`` plus a final read, below the webhook timeout.
-    Every device of the set gets the same new request id: a pass answers a set as a
-    whole, and an answer to an earlier request (a retried call) is not taken for ours.
+    within ``wait`` (:func:`wait_budget`) plus a final read, below the webhook timeout.
+    Every device of the set gets the same request id: a pass answers a set as a whole, and
+    an answer to an earlier request (a retried call) is not taken for ours. Several calls
+    for one VM at once (the apiserver retrying, two replicas) share one request: a call
+    that finds the set's request unanswered joins it instead of replacing it, and a call
+    whose request was replaced follows the newer one, so every call gets the same answer.
     """
-    wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS)
+    wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS) if wait is None else wait
     deadline = started + wait
-    request_id = uuid.uuid4().hex
     names = verdict.bind
+    if wait <= 0:
+        # No time left to wait for anything: write nothing, answer at once.
+        return timed_out(review, 0.0)
+    joined = inflight_request(review, names, wait)
+    request_id = joined or uuid.uuid4().hex
     listener = listening()
     # Noted before the requests are written: a notification after this moves it.
     seen = listener.count if listener is not None else 0
@@ -85,12 +133,17 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
         nonlocal committed
         committed = True
 
-    if apiserver.cluster_mode():
+    if joined is None and apiserver.cluster_mode():
         refused = annotate_in_cluster(review, names, request_id)
         if refused is not None:
             return refused
     try:
         with transaction.atomic():
+            if joined is not None:
+                # The request in flight has its answer pass queued; asking again is collapsed.
+                transaction.on_commit(mark_committed)
+                queue.queue_answer_pass()
+                raise _Joined
             written = models.GpuDevice.objects.filter(
                 namespace__name=review.namespace, vm_name=review.name, name__in=names
             ).update(bind_request=request_id, bind_requested_at=timezone.now())
@@ -98,6 +151,8 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
                 raise _SetChanged
             transaction.on_commit(mark_committed)
             queue.queue_answer_pass()
+    except _Joined:
+        pass
     except _SetChanged:
         return admission.set_changed(review)
     except Exception:
@@ -106,11 +161,7 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
         # The requests are written; running (embedded) or publishing the answer pass
         # failed. The next full pass answers them; this call cannot wait for that.
         log.exception("answer pass for %s/%s failed", review.namespace, review.name)
-        return Verdict(
-            Action.DENY,
-            review.uid,
-            message=f"VMI {review.namespace}/{review.name}: the binder could not run an answer pass; try again",
-        )
+        return admission.answer_pass_failed(review)
     lost: Exception | None = None
     while True:
         try:
@@ -121,6 +172,9 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
             # deadline still holds, and a pass that answered meanwhile is still found.
             _close_connection()
             answers, lost = None, exc
+        if isinstance(answers, str):
+            request_id = answers  # replaced by a newer call's request: its answer is ours
+            continue
         if isinstance(answers, Verdict):
             return answers
         if answers is not None:
@@ -179,19 +233,24 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-def answers_of(review: Review, names: tuple[str, ...], request_id: str) -> dict[str, str] | Verdict | None:
-    """The answers when every device answered ``request_id``; None while some have not.
+def answers_of(review: Review, names: tuple[str, ...], request_id: str) -> dict[str, str] | Verdict | str | None:
+    """The answers when every device answered ``request_id``; None while some have not; the
+    newer request id when another call replaced ``request_id`` on every device (follow it).
 
     A device deleted meanwhile ends the wait with a denial (it will never answer).
     """
     found = models.GpuDevice.objects.filter(namespace__name=review.namespace, name__in=names).values_list(
-        "name", "vm_name", "answered_request", "answer"
+        "name", "vm_name", "bind_request", "answered_request", "answer"
     )
-    rows = {name: (answered, answer) for name, vm, answered, answer in found if vm == review.name}
+    rows = {name: (request, answered, answer) for name, vm, request, answered, answer in found if vm == review.name}
     gone = sorted(set(names) - set(rows))
     if gone:
         # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
         return admission.device_gone(review, gone[0])
-    if any(answered != request_id for answered, _ in rows.values()):
-        return None
-    return {name: answer for name, (_, answer) in rows.items()}
+    if all(answered == request_id for _, answered, _ in rows.values()):
+        return {name: answer for name, (_, _, answer) in rows.items()}
+    latest = {request for request, _, _ in rows.values()}
+    if len(latest) == 1 and request_id not in latest and "" not in latest:
+        # Superseded on every device: the newer request's answer answers this call too.
+        return latest.pop()
+    return None

@@ -27,7 +27,18 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webhooks.admission import Action, MirrorView, ReviewError, decide, error_body, parse_review, response
-from webhooks.binding import bind_and_wait, database_unavailable, mirror_view, reconnecting
+from webhooks.binding import bind_and_wait, database_unavailable, mirror_view, reconnecting, wait_budget
+from webhooks.callers import CallerPolicy, refusal
+
+
+def caller_policy() -> CallerPolicy:
+    return CallerPolicy(
+        enabled=settings.GPUPLANE_WEBHOOK_ENABLED,
+        auth=settings.GPUPLANE_WEBHOOK_AUTH,
+        token=settings.GPUPLANE_WEBHOOK_TOKEN,
+        serving=settings.GPUPLANE_SERVE,
+        cluster_mode=settings.GPUPLANE_CLUSTER == "kubernetes",
+    )
 
 
 class _AlwaysJson(DefaultContentNegotiation):
@@ -84,11 +95,19 @@ class VmiAdmissionView(APIView):
         responses={
             200: OpenApiResponse(ADMISSION_REVIEW, description="the AdmissionReview with its response"),
             400: OpenApiResponse(WEBHOOK_ERROR, description="malformed review: the field and why"),
+            401: OpenApiResponse(WEBHOOK_ERROR, description="the caller is not the kube-apiserver"),
+            404: OpenApiResponse(WEBHOOK_ERROR, description="the webhook is off, or not served on this port"),
             413: OpenApiResponse(WEBHOOK_ERROR, description="body too large"),
         },
     )
     def post(self, request: Request) -> Response:
         started = time.monotonic()
+        refused = refusal(caller_policy(), request.headers)
+        if refused is not None:
+            # Before the body is read: an unauthenticated caller learns nothing and writes nothing.
+            status, message = refused
+            headers = {"WWW-Authenticate": 'Bearer realm="gpuplane-webhook"'} if status == 401 else None
+            return Response({"error": message, "field": "(caller)"}, status=status, headers=headers)
         length = request.META.get("CONTENT_LENGTH") or "0"
         limit = settings.GPUPLANE_WEBHOOK_MAX_BYTES
         if not length.isdigit() or int(length) > limit:
@@ -113,7 +132,8 @@ class VmiAdmissionView(APIView):
                 view = MirrorView(namespace=review.namespace)
             verdict = decide(review, view)
             if verdict.action is Action.BIND:
-                verdict = bind_and_wait(review, view, verdict, started)
+                budget = wait_budget(request.query_params.get("timeout"))
+                verdict = bind_and_wait(review, view, verdict, started, budget)
         except (DatabaseError, InterfaceError) as exc:
             # The database went away (dropped connection, restart, failover): a clear denial
             # the caller can retry, never a 500 (which failurePolicy would turn into a

@@ -105,7 +105,11 @@ class DatabaseCollector(Collector):
         gone = CounterMetricFamily("gpuplane_sync_gone", "Watches that expired with 410 Gone.", labels=["kind"])
         errors = CounterMetricFamily("gpuplane_sync_errors", "Failed lists or watches.", labels=["kind"])
         listed = GaugeMetricFamily("gpuplane_sync_listed_objects", "Objects in the last list.", labels=["kind"])
+        invalid = CounterMetricFamily(
+            "gpuplane_sync_invalid", "Objects refused because they do not parse (listed or watched).", labels=["kind"]
+        )
         for row in rows:
+            invalid.add_metric([row.kind], row.invalid)
             if row.lag_seconds is not None:
                 lag.add_metric([row.kind], row.lag_seconds)
             events.add_metric([row.kind], row.events)
@@ -113,7 +117,8 @@ class DatabaseCollector(Collector):
             gone.add_metric([row.kind], row.gone)
             errors.add_metric([row.kind], row.errors)
             listed.add_metric([row.kind], row.listed)
-        yield from (lag, events, relists, gone, errors, listed)
+        yield from (lag, events, relists, gone, errors, listed, invalid)
+        yield parse_error_metric()
 
     def pass_metrics(self) -> Iterator[Metric]:
         """Passes, their set outcomes and their duration: one GROUP BY kind query."""
@@ -209,6 +214,30 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(
             "gpuplane_lost_sets", "Sets (namespace, VM) with at least one Lost device.", value=lost_sets
         )
+
+
+def parse_error_metric() -> Metric:
+    """Mirror rows whose object stopped parsing, per kind (they keep their last good state):
+    one COUNT query per mirrored kind, cluster mode only (a snapshot refuses bad objects whole)."""
+    family = GaugeMetricFamily(
+        "gpuplane_mirror_parse_errors",
+        "Mirror rows whose object in the cluster stopped parsing (kept in their last good state), by kind.",
+        labels=["kind"],
+    )
+    for kind, model in MIRRORED.items():
+        family.add_metric([kind], model.objects.exclude(parse_error="").count())
+    return family
+
+
+MIRRORED: dict[str, Any] = {
+    "Namespace": models.Namespace,
+    "Node": models.Node,
+    "GPUClass": models.GpuClass,
+    "GPU": models.GpuDevice,
+    "GPUBudget": models.GpuBudget,
+    "VirtualMachineInstance": models.VirtualMachineInstance,
+    "Pod": models.Pod,
+}
 
 
 # -- the broker ---------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""Hostile tenants and careless operators (issue 16): no object, field or file stops the
+binder, leaks another tenant's data, or injects into what staff open.
+
+Each test reproduces one finding of the issue and fails on the code before its fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from binder import models, sync
+from binder.runtime.passes import run_pass
+from tests.kube_emulator import RunningApiServer
+from tests.shapes import A10, H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.test_cluster import apiserver, cluster_gpus, mirrored_devices  # noqa: F401 - the fixture
+
+GPUS = "/apis/gpuplane.io/v1alpha1"
+
+
+# -- 1. per-object isolation ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
+    apiserver: RunningApiServer,  # noqa: F811
+) -> None:
+    """A tenant's GPU with ``vmName: "x\\u0000y"`` (JSON allows it, PostgreSQL text does
+    not) is refused at the parser, naming the object and the field; the sync mirrors the
+    others, and every pass runs and places the other sets."""
+    apiserver.seed(
+        namespace_obj("t1"),
+        namespace_obj("t2"),
+        node_obj("n1", {H100: 4}),
+        node_obj("n2", {A10: 4}),
+        class_obj("h100", H100),
+        class_obj("a10", A10),
+        gpu_obj("t1", "vm1-gpu0", "h100", "vm1"),
+        gpu_obj("t2", "vm9-gpu0", "a10", "vm9"),
+    )
+    apiserver.seed(gpu_obj("t2", "evil", "a10", "x\u0000y"))
+    applied = sync.sync_once()
+    assert applied["GPU"].invalid == 1
+    assert set(mirrored_devices()) == {("t1", "vm1-gpu0"), ("t2", "vm9-gpu0")}
+    for _ in range(2):
+        run = run_pass("full")
+        assert run.finished is not None
+    gpus = cluster_gpus(apiserver)
+    assert gpus[("t1", "vm1-gpu0")]["status"]["phase"] == "Bound"
+    assert gpus[("t2", "vm9-gpu0")]["status"]["phase"] == "Bound"
+    assert models.SyncStatus.objects.get(kind="GPU").invalid >= 1
+
+
+@pytest.mark.django_db
+def test_a_gpu_that_stops_parsing_keeps_its_row_and_units_and_is_marked(
+    apiserver: RunningApiServer,  # noqa: F811
+    client: Any,
+) -> None:
+    """A Bound GPU whose bind-request annotation grows past 128 characters is not deleted:
+    its row keeps the last good state (Bound on n1), says why it is refused, and its units
+    stay booked, so no other set takes them while its VM runs."""
+    apiserver.seed(
+        namespace_obj("t1"),
+        node_obj("n1", {H100: 2}),
+        class_obj("h100", H100),
+        gpu_obj("t1", "vm1-gpu0", "h100", "vm1", phase="Bound", node="n1"),
+        gpu_obj("t1", "vm1-gpu1", "h100", "vm1", phase="Bound", node="n1"),
+    )
+    sync.sync_once()
+    run_pass("full")
+    apiserver.request(
+        "PATCH", f"{GPUS}/namespaces/t1/gpus/vm1-gpu0",
+        {"metadata": {"annotations": {"gpuplane.io/bind-request": "r" * 129}}},
+    )  # fmt: skip
+    apiserver.seed(gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    applied = sync.sync_once()
+    assert applied["GPU"].invalid == 1 and applied["GPU"].deleted == 0
+    row = models.GpuDevice.objects.get(name="vm1-gpu0")
+    assert (row.phase, row.node) == ("Bound", "n1")
+    assert "bind-request" in row.parse_error and "at most 128" in row.parse_error
+    status = models.SyncStatus.objects.get(kind="GPU")
+    assert status.invalid >= 1 and "t1/vm1-gpu0" in status.last_invalid
+    run_pass("full")  # the pass's fresh read keeps it too
+    gpus = cluster_gpus(apiserver)
+    assert (gpus[("t1", "vm2-gpu0")].get("status") or {}).get("phase", "Pending") == "Pending"
+    assert models.GpuDevice.objects.get(name="vm1-gpu0").phase == "Bound"
+    text = client.get("/metrics").content.decode()
+    assert 'gpuplane_mirror_parse_errors{kind="GPU"} 1.0' in text
+    assert 'gpuplane_sync_invalid_total{kind="GPU"}' in text
+    # Fixed in the cluster: the row parses again and is unmarked.
+    fixed = {"metadata": {"annotations": {"gpuplane.io/bind-request": "r1"}}}
+    apiserver.request("PATCH", f"{GPUS}/namespaces/t1/gpus/vm1-gpu0", fixed)
+    sync.sync_once()
+    assert models.GpuDevice.objects.get(name="vm1-gpu0").parse_error == ""

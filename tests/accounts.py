@@ -9,9 +9,10 @@ from knox.models import AuthToken
 from usage.models import NamespaceGrant
 
 
-def account(name: str, *namespaces: str, staff: bool = False) -> User:
-    """A user granted ``namespaces`` (a tenant), or a staff user."""
-    user = User.objects.create_user(name, password="x", is_staff=staff)  # noqa: S106
+def account(name: str, *namespaces: str, staff: bool = False, superuser: bool = False) -> User:
+    """A user granted ``namespaces`` (a tenant), or a staff user (with every permission if
+    ``superuser``; a staff user without permissions reads no tenant through the API)."""
+    user = User.objects.create_user(name, password="x", is_staff=staff or superuser, is_superuser=superuser)
     NamespaceGrant.objects.bulk_create([NamespaceGrant(user=user, namespace=ns) for ns in namespaces])
     return user
 

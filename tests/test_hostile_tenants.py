@@ -205,3 +205,32 @@ def test_deep_nesting_and_long_or_non_string_values_give_short_clear_errors(tmp_
     message = str(caught.value)
     assert "metadata.name: must be a string" in message and len(message) < 300
     assert not models.Namespace.objects.exists()
+
+
+# -- 4. staff API access follows the admin permissions ----------------------------------------
+
+
+@pytest.mark.django_db
+def test_staff_without_the_view_permission_read_no_tenant_through_the_api(clock: Any) -> None:
+    """``is_staff`` with no permissions: 403 on the admin's usage records, and now 404 on
+    every tenant's API too (it was 200 with every record); with the permission, 200."""
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    from tests.accounts import account, token_client
+
+    _formula_records()
+    helpdesk = account("helpdesk", staff=True)
+    admin_session = Client()
+    admin_session.force_login(helpdesk)
+    assert admin_session.get("/admin/usage/usagerecord/").status_code == 403
+    api = token_client(helpdesk)
+    for url in ("/api/v1/tenants/t1/usage-records", "/api/v1/tenants/t1/usage"):
+        assert api.get(url).status_code == 404, url
+        assert api.get(url, {"format": "csv"}).status_code == 404, url
+    assert api.get("/api/v1/devices").json()["results"] == []
+    helpdesk.user_permissions.add(Permission.objects.get(codename="view_usagerecord"))
+    api = token_client(type(helpdesk).objects.get(pk=helpdesk.pk))  # permissions are cached per user object
+    answer = api.get("/api/v1/tenants/t1/usage-records")
+    assert answer.status_code == 200 and answer.json()["count"] == len(FORMULAS)
+    assert api.get("/api/v1/devices").json()["results"] == []  # devices need binder's view_gpudevice

@@ -248,7 +248,7 @@ def test_tenant_a_gets_404_for_tenant_b_on_every_endpoint(cluster: Clock) -> Non
     bob = token_client(account("bob", "t2"))
     for url in TENANT_B_URLS:
         assert bob.get(url).status_code == 200, url
-    staff = token_client(account("root", staff=True))
+    staff = token_client(account("root", staff=True, superuser=True))
     assert {d["namespace"] for d in get(staff, "/api/v1/devices")["results"]} == {"t1", "t2"}
     assert get(staff, "/api/v1/tenants/t2/usage")["gpuHours"]["total"] == pytest.approx(6.0)  # 1 a10 + 1 raw, 3 h
 

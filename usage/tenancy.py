@@ -1,7 +1,9 @@
 """Who may read which tenant: the one rule every API endpoint applies.
 
-Staff read every namespace; any other user reads only the namespaces granted to them
-(``NamespaceGrant``, made by ``manage.py issue_token``). Endpoints never test this
+Staff with the admin's view permission of what an endpoint reads (usage records,
+devices, decisions: the same permission the admin pages require) read every namespace;
+a staff user without it is a user like any other. Any other user reads only the
+namespaces granted to them (``NamespaceGrant``, made by ``manage.py issue_token``). Endpoints never test this
 themselves: the base view (``usage.api.base.TenantScopedView``) passes
 :func:`visible_namespaces` to the querysets' ``for_tenant``, and a namespace the user
 may not read answers 404 exactly like one that does not exist, so names do not leak.
@@ -25,11 +27,24 @@ from usage.models import NamespaceGrant
 Visible = frozenset[str] | None
 
 
-def visible_namespaces(user: Any) -> Visible:
-    """The namespaces ``user`` may read: ``None`` for staff (all), else their grants."""
+#: What staff need to read every tenant through the API when an endpoint names nothing
+#: else: the usage records admin's view permission.
+STAFF_READ_PERMISSION = "usage.view_usagerecord"
+
+
+def reads_every_namespace(user: Any, permission: str = STAFF_READ_PERMISSION) -> bool:
+    """Staff read every namespace only with the admin's view ``permission`` (superusers
+    have every permission): ``is_staff`` alone opens the admin's door, not its pages, and
+    the API used to give such a user every tenant's records."""
+    return bool(user.is_active and user.is_staff and user.has_perm(permission))
+
+
+def visible_namespaces(user: Any, permission: str = STAFF_READ_PERMISSION) -> Visible:
+    """The namespaces ``user`` may read: ``None`` for staff with ``permission`` (all),
+    else their grants."""
     if not getattr(user, "is_authenticated", False):
         return frozenset()
-    if user.is_staff:
+    if reads_every_namespace(user, permission):
         return None
     cached = getattr(user, "_gpuplane_namespaces", None)
     if cached is None:
@@ -38,9 +53,9 @@ def visible_namespaces(user: Any) -> Visible:
     return cached
 
 
-def may_read(user: Any, namespace: str) -> bool:
-    """True if ``user`` may read ``namespace`` (staff: every namespace)."""
-    visible = visible_namespaces(user)
+def may_read(user: Any, namespace: str, permission: str = STAFF_READ_PERMISSION) -> bool:
+    """True if ``user`` may read ``namespace`` (staff with ``permission``: every namespace)."""
+    visible = visible_namespaces(user, permission)
     return visible is None or namespace in visible
 
 

@@ -234,3 +234,35 @@ def test_staff_without_the_view_permission_read_no_tenant_through_the_api(clock:
     answer = api.get("/api/v1/tenants/t1/usage-records")
     assert answer.status_code == 200 and answer.json()["count"] == len(FORMULAS)
     assert api.get("/api/v1/devices").json()["results"] == []  # devices need binder's view_gpudevice
+
+
+# -- 5. the board caps what it draws ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node(admin_client: Any) -> None:
+    """A pod requesting 200,000 units drew 200,000 cells (37 MiB); now at most MAX_CELLS per
+    strip and a "+N" count. The rule for a pod with ``spec.nodeName`` on a NotReady node
+    (SPEC §2: "a pod not yet bound to a node counts ... on no node's capacity"): ``spec.nodeName``
+    *is* the binding, so the pod is bound to that node and counts on its capacity there,
+    whatever its phase and the node's readiness (the kubelet may yet start it)."""
+    from binder.mirror.snapshot import load_objects
+    from gpuplane.staff.board import MAX_CELLS
+    from tests.shapes import plain_pod_obj
+
+    hog = plain_pod_obj("t1", "hog", A10, 200_000, "n1")
+    stuck = plain_pod_obj("t2", "stuck", A10, 3, "n2")
+    stuck["status"]["phase"] = "Pending"
+    load_objects([
+        namespace_obj("t1"), namespace_obj("t2"), class_obj("a10", A10),
+        node_obj("n1", {A10: 4}), node_obj("n2", {A10: 1_000_000}, ready=False), hog, stuck,
+    ])  # fmt: skip
+    page = admin_client.get("/admin/placement-board/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert len(html) < 2_000_000
+    assert html.count('class="u ') <= 3 * MAX_CELLS
+    assert f"+{200_000 - MAX_CELLS}" in html  # the hog's units past the cap, counted
+    assert f"+{1_000_000 - 3 - (MAX_CELLS - 3)}" in html  # n2's free units past the cap
+    assert "3/1000000" in html  # the stuck pod is booked on its NotReady node
+    assert "200000/4" in html

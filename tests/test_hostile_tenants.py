@@ -266,3 +266,82 @@ def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node
     assert f"+{1_000_000 - 3 - (MAX_CELLS - 3)}" in html  # n2's free units past the cap
     assert "3/1000000" in html  # the stuck pod is booked on its NotReady node
     assert "200000/4" in html
+
+
+# -- 6. no 500s, no tracebacks -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("where", "value", "field"),
+    [
+        ("uid", "\ud800", "request.uid"),
+        ("namespace", "t\ud800", "request.namespace"),
+        ("namespace", "t\u00001", "request.namespace"),
+    ],
+)
+def test_webhook_answers_400_for_a_lone_surrogate_or_nul(client: Any, where: str, value: str, field: str) -> None:
+    from tests.test_webhook import new_vmi, post, review
+
+    body = review(new_vmi("t1", "vm1", ["vm1-gpu0"]))
+    body["request"][where] = value
+    answer = post(client, body)
+    assert answer.status_code == 400
+    assert answer.json()["field"] == field
+
+
+@pytest.mark.django_db
+def test_api_path_parts_with_a_nul_are_400_not_500() -> None:
+    from tests.accounts import account, token_client
+
+    models.Namespace.objects.create(name="t1")
+    api = token_client(account("alice", "t1"))
+    for url in ("/api/v1/devices/t1/a%00b", "/api/v1/devices/t1/a%00b/decisions", "/api/v1/tenants/t%00/usage",
+                "/api/v1/devices/t1/a%ED%A0%80b"):  # fmt: skip
+        answer = api.get(url)
+        assert answer.status_code in (400, 404), (url, answer.status_code)
+    answer = api.get("/api/v1/devices/t1/a%00b")
+    assert answer.status_code == 400 and "name" in answer.json()
+
+
+def _gpu_class(units: Any) -> dict[str, Any]:
+    obj = class_obj("h100", H100)
+    obj["spec"]["unitsPerDevice"] = units
+    return obj
+
+
+def _node_allocatable(units: str) -> dict[str, Any]:
+    obj = node_obj("n1", {})
+    obj["status"]["allocatable"][H100] = units
+    return obj
+
+
+def _labelled(value: str) -> dict[str, Any]:
+    obj = namespace_obj("t1")
+    obj["metadata"]["labels"] = {"team": value}
+    return obj
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("obj", "field"),
+    [
+        (_gpu_class("3e9"), "spec.unitsPerDevice: must be at most 2147483647"),
+        (_gpu_class("1e30"), "spec.unitsPerDevice: must be at most 2147483647"),
+        (_node_allocatable("1e5000"), f"status.allocatable[{H100}]: must be at most 2147483647"),
+        (namespace_obj("t\u00001"), "metadata.name: must not contain a NUL"),
+        (_labelled("a\u0000b"), "metadata.labels[team]: must not contain a NUL"),
+        (_labelled("a\ud800b"), "metadata.labels[team]: must not contain a lone surrogate"),
+        (gpu_obj("t1", "g0", "h100", "x\u0000y"), "spec.vmName: must not contain a NUL"),
+    ],
+)
+def test_snapshot_values_the_database_cannot_hold_are_clear_errors(obj: dict[str, Any], field: str) -> None:
+    """Each was a traceback (DataError, OverflowError, ValueError) on one database or both;
+    now a SnapshotError naming the object and field, and nothing is loaded."""
+    from binder.mirror.snapshot import SnapshotError, load_objects
+
+    with pytest.raises(SnapshotError) as caught:
+        load_objects([obj])
+    assert field in str(caught.value)
+    assert "\x00" not in str(caught.value)
+    assert not models.Namespace.objects.exists() and not models.GpuClass.objects.exists()

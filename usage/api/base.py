@@ -14,6 +14,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 
+from binder.kube.objects import text_problem
 from usage import queries
 from usage.tenancy import STAFF_READ_PERMISSION, Visible, may_read, visible_namespaces
 
@@ -36,6 +37,12 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
         # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
         if request.query_params.get("format") == "":
             raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})
+        # A NUL or a lone surrogate in a path part (``/devices/t1/a%00b``) names nothing that
+        # can exist, and PostgreSQL refuses it in a query (a 500 before): 400 naming the part.
+        for name, value in self.kwargs.items():
+            problem = text_problem(value) if isinstance(value, str) else None
+            if problem is not None:
+                raise ValidationError({name: [problem]})
 
     def staff_permission(self) -> str:
         """The admin's view permission of what this endpoint reads: what staff need to read

@@ -345,3 +345,95 @@ def test_snapshot_values_the_database_cannot_hold_are_clear_errors(obj: dict[str
     assert field in str(caught.value)
     assert "\x00" not in str(caught.value)
     assert not models.Namespace.objects.exists() and not models.GpuClass.objects.exists()
+
+
+# -- 7. grants per token ------------------------------------------------------------------------
+
+
+def _issue(*args: str) -> list[str]:
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("issue_token", *args, stdout=out)
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.django_db
+def test_grants_belong_to_tokens_and_revoke_token_removes_one(clock: Any) -> None:
+    """A second ``issue_token u --namespaces b`` used to widen u's older token for ``a``
+    to ``b`` too (grants were the user's); now each token reads what it was issued for,
+    and ``revoke_token <key>`` ends one token without touching the other."""
+    import io
+
+    from django.core.management import CommandError, call_command
+    from django.test import Client
+
+    from usage.models import NamespaceGrant
+
+    for name in ("a", "b"):
+        models.Namespace.objects.create(name=name, uid=f"uid-{name}")
+    first, second = _issue("u", "--namespaces", "a"), _issue("u", "--namespaces", "b")
+    old, new = Client(HTTP_AUTHORIZATION=f"Token {first[-1]}"), Client(HTTP_AUTHORIZATION=f"Token {second[-1]}")
+    assert old.get("/api/v1/tenants/a/usage").status_code == 200
+    assert old.get("/api/v1/tenants/b/usage").status_code == 404  # not widened
+    assert new.get("/api/v1/tenants/b/usage").status_code == 200
+    assert new.get("/api/v1/tenants/a/usage").status_code == 404
+    key = next(line.split()[1] for line in first if line.strip().startswith("key:"))
+    out = io.StringIO()
+    call_command("revoke_token", key, stdout=out)
+    assert f"revoked token {key} of u (it read: a)" in out.getvalue()
+    assert old.get("/api/v1/tenants/a/usage").status_code == 401
+    assert new.get("/api/v1/tenants/b/usage").status_code == 200
+    assert list(NamespaceGrant.objects.values_list("namespace", flat=True)) == ["b"]
+    with pytest.raises(CommandError, match="no token with the key"):
+        call_command("revoke_token", "gpp_nothere", stdout=io.StringIO())
+    call_command("revoke_token", "--user", "u", stdout=io.StringIO())
+    assert new.get("/api/v1/tenants/b/usage").status_code == 401
+
+
+@pytest.mark.django_db
+def test_a_grant_does_not_read_a_namespace_recreated_under_its_name(clock: Any) -> None:
+    from datetime import timedelta
+
+    from django.test import Client
+
+    from tests.shapes import NOW
+    from usage.models import UsageRecord
+
+    models.Namespace.objects.create(name="a", uid="uid-first")
+    UsageRecord.objects.create(
+        namespace="a", subject_kind="GPU", subject="g0", vm_name="vm", key="h100", resource_name=H100, units=1,
+        node="n1", phase="Bound", start=NOW - timedelta(hours=2), end=NOW - timedelta(hours=1),
+    )  # fmt: skip
+    token = _issue("u", "--namespaces", "a")[-1]
+    api = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    assert api.get("/api/v1/tenants/a/usage").status_code == 200
+    models.Namespace.objects.filter(name="a").delete()
+    assert api.get("/api/v1/tenants/a/usage").status_code == 200  # the deleted tenant's history
+    models.Namespace.objects.create(name="a", uid="uid-second")  # someone else's namespace now
+    assert api.get("/api/v1/tenants/a/usage").status_code == 404
+
+
+@pytest.mark.django_db
+def test_grants_are_listed_and_editable_in_the_admin(clock: Any) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from knox.models import AuthToken
+
+    from usage.models import NamespaceGrant
+
+    models.Namespace.objects.create(name="a")
+    _issue("u", "--namespaces", "a")
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("root", password="x"))
+    listing = staff.get("/admin/usage/namespacegrant/")
+    token = AuthToken.objects.get(user__username="u")
+    assert listing.status_code == 200 and token.token_key in listing.content.decode()
+    grant = NamespaceGrant.objects.get()
+    bad = staff.post(f"/admin/usage/namespacegrant/{grant.pk}/change/", {"token": token.pk, "namespace": "Bad_Name"})
+    assert bad.status_code == 200 and "is not a namespace name" in bad.content.decode()
+    answer = staff.post("/admin/usage/namespacegrant/add/", {"token": token.pk, "namespace": "b", "namespace_uid": ""})
+    assert answer.status_code == 302
+    assert NamespaceGrant.objects.get(namespace="b").user.username == "u"

@@ -53,7 +53,7 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
         return f"{meta.app_label}.view_{meta.model_name}"
 
     def visible(self) -> Visible:
-        return visible_namespaces(self.request.user, self.staff_permission())
+        return visible_namespaces(self.request.user, self.staff_permission(), self.request.auth)
 
     def scoped_queryset(self) -> QuerySet[Any]:
         return self.scoped_model.objects.for_tenant(self.visible())  # type: ignore[no-any-return]
@@ -69,7 +69,7 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
 
     def tenant(self, namespace: str | None = None) -> str:
         namespace = namespace if namespace is not None else self.kwargs["namespace"]
-        readable = may_read(self.request.user, namespace, self.staff_permission())
+        readable = may_read(self.request.user, namespace, self.staff_permission(), self.request.auth)
         if not readable or not queries.namespace_known(namespace):
             raise NotFound(f"namespace {namespace!r} not found")
         return namespace

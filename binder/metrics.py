@@ -189,7 +189,7 @@ class DatabaseCollector(Collector):
             (row["phase"], row["class_name"]): row["n"]
             for row in models.GpuDevice.objects.order_by().values("phase", "class_name").annotate(n=Count("id"))
         }
-        classes = set(models.GpuClass.objects.order_by().values_list("name", flat=True)) | {c for _, c in counts}
+        existing = sorted(models.GpuClass.objects.order_by().values_list("name", flat=True))
         lost_sets = (
             models.GpuDevice.objects.order_by()
             .filter(phase=models.Phase.LOST)
@@ -203,17 +203,41 @@ class DatabaseCollector(Collector):
             by_phase.add_metric([phase], sum(n for (p, _), n in counts.items() if p == phase))
         by_class = GaugeMetricFamily(
             "gpuplane_class_devices",
-            "GPU devices by class and phase (classes that do not exist included, as devices name them).",
+            f"GPU devices by class and phase. Devices naming a class that does not exist count under "
+            f"class=\"{NO_SUCH_CLASS}\"; past {MAX_CLASS_LABELS} classes the rest count under "
+            f"class=\"{OTHER_CLASSES}\"; names are cut to {MAX_LABEL_LENGTH} characters.",
             labels=["class", "phase"],
         )
-        for name in sorted(classes):
+        for label, per_phase in class_series(existing, counts).items():
             for phase in phases:
-                by_class.add_metric([name, phase], counts.get((phase, name), 0))
+                by_class.add_metric([label, phase], per_phase.get(phase, 0))
         yield by_phase
         yield by_class
         yield GaugeMetricFamily(
             "gpuplane_lost_sets", "Sets (namespace, VM) with at least one Lost device.", value=lost_sets
         )
+
+
+#: Bounds on ``gpuplane_class_devices``' class label. Tenants choose the class names their
+#: GPUs name (a name per object makes a series per object), and staff's names are capped
+#: too: Prometheus keeps every series it has seen.
+MAX_CLASS_LABELS = 100
+MAX_LABEL_LENGTH = 63
+NO_SUCH_CLASS = "(no such class)"
+OTHER_CLASSES = "(other classes)"
+
+
+def class_series(existing: Sequence[str], counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """Device counts per bounded class label and phase: the first MAX_CLASS_LABELS existing
+    classes by name (cut to MAX_LABEL_LENGTH), then one label for the other existing
+    classes and one for the names no class has."""
+    labels = {name: name[:MAX_LABEL_LENGTH] for name in existing[:MAX_CLASS_LABELS]}
+    labels.update({name: OTHER_CLASSES for name in existing[MAX_CLASS_LABELS:]})
+    series: dict[str, dict[str, int]] = {label: {} for label in labels.values()}
+    for (phase, name), n in counts.items():
+        per_phase = series.setdefault(labels.get(name, NO_SUCH_CLASS), {})
+        per_phase[phase] = per_phase.get(phase, 0) + n
+    return dict(sorted(series.items()))
 
 
 def parse_error_metric() -> Metric:
@@ -354,8 +378,13 @@ def _authorized(request: HttpRequest, token: str) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text format; with GPUPLANE_METRICS_TOKEN set, only for ``Bearer <token>``."""
     token = getattr(settings, "GPUPLANE_METRICS_TOKEN", "")
-    if token and not _authorized(request, token):
-        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    if (token and not _authorized(request, token)) or (not token and not settings.GPUPLANE_METRICS_OPEN):
+        text = (
+            "a bearer token is required\n"
+            if token
+            else "/metrics needs GPUPLANE_METRICS_TOKEN in cluster mode (or GPUPLANE_METRICS_OPEN=true)\n"
+        )
+        response = HttpResponse(text, status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="gpuplane metrics"'
         return response
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

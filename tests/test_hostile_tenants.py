@@ -437,3 +437,117 @@ def test_grants_are_listed_and_editable_in_the_admin(clock: Any) -> None:
     answer = staff.post("/admin/usage/namespacegrant/add/", {"token": token.pk, "namespace": "b", "namespace_uid": ""})
     assert answer.status_code == 302
     assert NamespaceGrant.objects.get(namespace="b").user.username == "u"
+
+
+# -- 8. hardening -------------------------------------------------------------------------------
+
+
+def _manage(*args: str, **env: str) -> Any:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPLANE_", "DJANGO_"))}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=root, env=environ, capture_output=True, text=True, check=False
+    )
+
+
+def test_with_tls_check_deploy_has_no_hsts_or_cookie_warnings() -> None:
+    secret = "k" * 60 + "-Zx9"
+    done = _manage("check", "--deploy", GPUPLANE_TLS_CERT_FILE="/etc/tls/tls.crt", DJANGO_SECRET_KEY=secret,
+                   DJANGO_ALLOWED_HOSTS="gpuplane.example")  # fmt: skip
+    out = done.stdout + done.stderr
+    for warning in ("W004", "W012", "W016"):
+        assert warning not in out, out
+    plain = _manage("check", "--deploy", DJANGO_SECRET_KEY=secret, DJANGO_ALLOWED_HOSTS="gpuplane.example")
+    assert "W004" in plain.stdout + plain.stderr  # without TLS nothing claims HTTPS
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("GPUPLANE_FAULT_PASS_DELAY_SECONDS", "abc"),
+        ("GPUPLANE_FAULT_PASS_DELAY_SECONDS", "-1"),
+        ("GPUPLANE_RESYNC_SECONDS", "often"),
+        ("GPUPLANE_BIND_WAIT_SECONDS", "nan"),
+        ("GPUPLANE_LOG_LEVEL", "loud"),
+        ("GPUPLANE_METRICS_OPEN", "maybe"),
+    ],
+)
+def test_a_setting_that_does_not_parse_stops_start_up_naming_it(variable: str, value: str) -> None:
+    done = _manage("check", **{variable: value})
+    assert done.returncode != 0
+    assert f"{variable}={value!r}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.django_db
+def test_admin_pages_carry_a_content_security_policy_without_inline_script(admin_client: Any) -> None:
+    import re
+
+    for url in ("/admin/", "/admin/placement-board/", "/admin/binder/gpudevice/"):
+        page = admin_client.get(url)
+        assert page.status_code == 200, url
+        policy = page["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]
+        assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+        inline = [s for s in re.findall(r"<script\b([^>]*)>", page.content.decode()) if "src=" not in s
+                  and "application/json" not in s]  # fmt: skip
+        assert inline == [], (url, inline)
+
+
+@pytest.mark.django_db
+def test_metrics_need_a_token_by_default_in_cluster_mode_and_a_trailing_newline_is_stripped(
+    client: Any, settings: Any, tmp_path: Any
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "import os; os.environ['DJANGO_SETTINGS_MODULE']='gpuplane.settings'; from django.conf import settings; " \
+           "print(settings.GPUPLANE_METRICS_OPEN, repr(settings.GPUPLANE_METRICS_TOKEN))"  # fmt: skip
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")  # as `kubectl create secret --from-file` writes it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLANE_")}
+    cluster = subprocess.run([sys.executable, "-c", code], env={**env, "GPUPLANE_CLUSTER": "kubernetes"},
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    assert cluster.stdout.split() == ["False", "''"]
+    from_file = subprocess.run([sys.executable, "-c", code],
+                               env={**env, "GPUPLANE_METRICS_TOKEN_FILE": str(token_file)},
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    assert from_file.stdout.split() == ["True", "'s3cret'"]
+    from_env = subprocess.run([sys.executable, "-c", code], env={**env, "GPUPLANE_METRICS_TOKEN": "s3cret\n"},
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    assert from_env.stdout.split() == ["True", "'s3cret'"]
+
+    settings.GPUPLANE_METRICS_OPEN, settings.GPUPLANE_METRICS_TOKEN = False, ""
+    closed = client.get("/metrics")
+    assert closed.status_code == 401 and b"GPUPLANE_METRICS_TOKEN" in closed.content
+    settings.GPUPLANE_METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+@pytest.mark.django_db
+def test_class_label_values_are_bounded(client: Any) -> None:
+    """Tenants choose the class names their GPUs name: a label per name was a series per
+    object. Names no class has share one label; long names are cut; many classes cap."""
+    from binder.metrics import MAX_CLASS_LABELS, MAX_LABEL_LENGTH, NO_SUCH_CLASS, OTHER_CLASSES
+
+    ns = models.Namespace.objects.create(name="t1")
+    models.GpuDevice.objects.bulk_create(
+        [models.GpuDevice(namespace=ns, name=f"g{i}", class_name=f"evil-{i}", vm_name="vm") for i in range(300)]
+    )
+    models.GpuClass.objects.bulk_create(
+        [models.GpuClass(name=f"c{i:03d}" + "x" * 200, resource_name=H100) for i in range(MAX_CLASS_LABELS + 5)]
+    )
+    text = client.get("/metrics").content.decode()
+    lines = [line for line in text.splitlines() if line.startswith("gpuplane_class_devices{")]
+    labels = {line.split('class="')[1].split('"')[0] for line in lines}
+    assert len(labels) == MAX_CLASS_LABELS + 2
+    assert NO_SUCH_CLASS in labels and OTHER_CLASSES in labels
+    assert max(len(label) for label in labels) <= MAX_LABEL_LENGTH
+    assert f'gpuplane_class_devices{{class="{NO_SUCH_CLASS}",phase="Pending"}} 300.0' in text

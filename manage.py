@@ -7,9 +7,14 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplane.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as exc:
+        # A setting that does not parse (SPEC §9): its name and value, not a traceback.
+        sys.exit(f"gpuplane: cannot start: {exc}")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,39 @@ def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
 
 
+class ParseErrorFilter(admin.SimpleListFilter):
+    """Rows whose object in the cluster stopped parsing (they keep their last good state)."""
+
+    title = "parses"
+    parameter_name = "parse_error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "stopped parsing"), ("no", "parses")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.exclude(parse_error="")
+        if self.value() == "no":
+            return queryset.filter(parse_error="")
+        return queryset
+
+
+@admin.register(models.SyncStatus)
+class SyncStatusAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
+
+    list_display = ["kind", "resource_version", "listed", "events", "invalid", "last_invalid", "errors", "last_error"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(models.Namespace)
 class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "device_count", "created"]
+    list_display = ["name", "device_count", "created", "parse_error"]
     search_fields = ["name"]
 
     @admin.display(description="devices")
@@ -44,8 +74,8 @@ class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.Node)
 class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "ready", "unschedulable", "draining", "gpu_booking", "ready_since"]
-    list_filter = ["ready", "unschedulable"]
+    list_display = ["name", "ready", "unschedulable", "draining", "gpu_booking", "ready_since", "parse_error"]
+    list_filter = [ParseErrorFilter, "ready", "unschedulable"]
     search_fields = ["name"]
     actions = [run_full_pass]
 
@@ -81,6 +111,7 @@ class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "status_allocatable",
         "status_bound",
         "status_lost",
+        "parse_error",
     ]
     search_fields = ["name", "resource_name", "display_name"]
     readonly_fields = ["status_allocatable", "status_bound", "status_lost"]
@@ -88,8 +119,8 @@ class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.GpuDevice)
 class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since", "reason"]
-    list_filter = ["phase", "class_name", "namespace", "node"]
+    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since", "reason", "parse_error"]
+    list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "node", "reason"]
     list_select_related = ["namespace"]
     # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
@@ -135,8 +166,8 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.GpuBudget)
 class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "usage_vs_limit"]
-    list_filter = ["namespace"]
+    list_display = ["name", "namespace", "usage_vs_limit", "parse_error"]
+    list_filter = [ParseErrorFilter, "namespace"]
     readonly_fields = ["used"]
 
     @admin.display(description="used / limit")
@@ -148,8 +179,8 @@ class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.VirtualMachineInstance)
 class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "phase", "node", "active_pod_count"]
-    list_filter = ["phase", "namespace"]
+    list_display = ["name", "namespace", "phase", "node", "active_pod_count", "parse_error"]
+    list_filter = [ParseErrorFilter, "phase", "namespace"]
     search_fields = ["name", "uid"]
 
     @admin.display(description="active pods")
@@ -159,8 +190,8 @@ class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.Pod)
 class PodAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "phase", "node", "gpu_requests", "owner_kind", "owner_name"]
-    list_filter = ["phase", "namespace"]
+    list_display = ["name", "namespace", "phase", "node", "gpu_requests", "owner_kind", "owner_name", "parse_error"]
+    list_filter = [ParseErrorFilter, "phase", "namespace"]
     search_fields = ["name", "uid", "owner_name"]
 
 

@@ -105,7 +105,11 @@ class DatabaseCollector(Collector):
         gone = CounterMetricFamily("gpuplane_sync_gone", "Watches that expired with 410 Gone.", labels=["kind"])
         errors = CounterMetricFamily("gpuplane_sync_errors", "Failed lists or watches.", labels=["kind"])
         listed = GaugeMetricFamily("gpuplane_sync_listed_objects", "Objects in the last list.", labels=["kind"])
+        invalid = CounterMetricFamily(
+            "gpuplane_sync_invalid", "Objects refused because they do not parse (listed or watched).", labels=["kind"]
+        )
         for row in rows:
+            invalid.add_metric([row.kind], row.invalid)
             if row.lag_seconds is not None:
                 lag.add_metric([row.kind], row.lag_seconds)
             events.add_metric([row.kind], row.events)
@@ -113,7 +117,8 @@ class DatabaseCollector(Collector):
             gone.add_metric([row.kind], row.gone)
             errors.add_metric([row.kind], row.errors)
             listed.add_metric([row.kind], row.listed)
-        yield from (lag, events, relists, gone, errors, listed)
+        yield from (lag, events, relists, gone, errors, listed, invalid)
+        yield parse_error_metric()
 
     def pass_metrics(self) -> Iterator[Metric]:
         """Passes, their set outcomes and their duration: one GROUP BY kind query."""
@@ -184,7 +189,7 @@ class DatabaseCollector(Collector):
             (row["phase"], row["class_name"]): row["n"]
             for row in models.GpuDevice.objects.order_by().values("phase", "class_name").annotate(n=Count("id"))
         }
-        classes = set(models.GpuClass.objects.order_by().values_list("name", flat=True)) | {c for _, c in counts}
+        existing = sorted(models.GpuClass.objects.order_by().values_list("name", flat=True))
         lost_sets = (
             models.GpuDevice.objects.order_by()
             .filter(phase=models.Phase.LOST)
@@ -198,17 +203,65 @@ class DatabaseCollector(Collector):
             by_phase.add_metric([phase], sum(n for (p, _), n in counts.items() if p == phase))
         by_class = GaugeMetricFamily(
             "gpuplane_class_devices",
-            "GPU devices by class and phase (classes that do not exist included, as devices name them).",
+            f"GPU devices by class and phase. Devices naming a class that does not exist count under "
+            f"class=\"{NO_SUCH_CLASS}\"; past {MAX_CLASS_LABELS} classes the rest count under "
+            f"class=\"{OTHER_CLASSES}\"; names are cut to {MAX_LABEL_LENGTH} characters.",
             labels=["class", "phase"],
         )
-        for name in sorted(classes):
+        for label, per_phase in class_series(existing, counts).items():
             for phase in phases:
-                by_class.add_metric([name, phase], counts.get((phase, name), 0))
+                by_class.add_metric([label, phase], per_phase.get(phase, 0))
         yield by_phase
         yield by_class
         yield GaugeMetricFamily(
             "gpuplane_lost_sets", "Sets (namespace, VM) with at least one Lost device.", value=lost_sets
         )
+
+
+#: Bounds on ``gpuplane_class_devices``' class label. Tenants choose the class names their
+#: GPUs name (a name per object makes a series per object), and staff's names are capped
+#: too: Prometheus keeps every series it has seen.
+MAX_CLASS_LABELS = 100
+MAX_LABEL_LENGTH = 63
+NO_SUCH_CLASS = "(no such class)"
+OTHER_CLASSES = "(other classes)"
+
+
+def class_series(existing: Sequence[str], counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """Device counts per bounded class label and phase: the first MAX_CLASS_LABELS existing
+    classes by name (cut to MAX_LABEL_LENGTH), then one label for the other existing
+    classes and one for the names no class has."""
+    labels = {name: name[:MAX_LABEL_LENGTH] for name in existing[:MAX_CLASS_LABELS]}
+    labels.update({name: OTHER_CLASSES for name in existing[MAX_CLASS_LABELS:]})
+    series: dict[str, dict[str, int]] = {label: {} for label in labels.values()}
+    for (phase, name), n in counts.items():
+        per_phase = series.setdefault(labels.get(name, NO_SUCH_CLASS), {})
+        per_phase[phase] = per_phase.get(phase, 0) + n
+    return dict(sorted(series.items()))
+
+
+def parse_error_metric() -> Metric:
+    """Mirror rows whose object stopped parsing, per kind (they keep their last good state):
+    one COUNT query per mirrored kind, cluster mode only (a snapshot refuses bad objects whole)."""
+    family = GaugeMetricFamily(
+        "gpuplane_mirror_parse_errors",
+        "Mirror rows whose object in the cluster stopped parsing (kept in their last good state), by kind.",
+        labels=["kind"],
+    )
+    for kind, model in MIRRORED.items():
+        family.add_metric([kind], model.objects.exclude(parse_error="").count())
+    return family
+
+
+MIRRORED: dict[str, Any] = {
+    "Namespace": models.Namespace,
+    "Node": models.Node,
+    "GPUClass": models.GpuClass,
+    "GPU": models.GpuDevice,
+    "GPUBudget": models.GpuBudget,
+    "VirtualMachineInstance": models.VirtualMachineInstance,
+    "Pod": models.Pod,
+}
 
 
 # -- the broker ---------------------------------------------------------------------------------
@@ -325,8 +378,13 @@ def _authorized(request: HttpRequest, token: str) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text format; with GPUPLANE_METRICS_TOKEN set, only for ``Bearer <token>``."""
     token = getattr(settings, "GPUPLANE_METRICS_TOKEN", "")
-    if token and not _authorized(request, token):
-        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    if (token and not _authorized(request, token)) or (not token and not settings.GPUPLANE_METRICS_OPEN):
+        text = (
+            "a bearer token is required\n"
+            if token
+            else "/metrics needs GPUPLANE_METRICS_TOKEN in cluster mode (or GPUPLANE_METRICS_OPEN=true)\n"
+        )
+        response = HttpResponse(text, status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="gpuplane metrics"'
         return response
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

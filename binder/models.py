@@ -40,6 +40,10 @@ class Namespace(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -66,6 +70,10 @@ class Node(models.Model):
     ready_since = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
     class Meta:
         ordering = ["name"]
 
@@ -89,6 +97,10 @@ class GpuClass(models.Model):
     status_allocatable = models.IntegerField(default=0)
     status_bound = models.IntegerField(default=0)
     status_lost = models.IntegerField(default=0)
+
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
 
     class Meta:
         ordering = ["name"]
@@ -132,6 +144,10 @@ class GpuDevice(models.Model):
     answer = models.TextField(blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -166,6 +182,10 @@ class GpuBudget(models.Model):
     limits = models.JSONField(default=dict, help_text="key -> units; a key with / is a raw resource name")
     used = models.JSONField(default=dict, blank=True)
 
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -193,6 +213,10 @@ class VirtualMachineInstance(models.Model):
     active_pods = models.JSONField(default=dict, blank=True, help_text="status.activePods: pod uid -> node")
     node = models.CharField(max_length=253, blank=True)
     phase = models.CharField(max_length=32, blank=True)
+
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
 
     objects = TenantQuerySet.as_manager()
 
@@ -224,6 +248,10 @@ class Pod(models.Model):
     owner_name = models.CharField(max_length=253, blank=True)
     owner_uid = models.CharField(max_length=64, blank=True)
     owner_vmi_hint = models.CharField(max_length=253, blank=True)
+
+    parse_error = models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
 
     objects = TenantQuerySet.as_manager()
 
@@ -291,6 +319,7 @@ class Decision(models.Model):
     reason = models.TextField(blank=True)
     created = models.DateTimeField()
 
+
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -325,6 +354,7 @@ class BindAnswer(models.Model):
     answered_at = models.DateTimeField()
     latency_ms = models.FloatField(null=True, blank=True, help_text="answered_at - requested_at")
 
+
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -355,6 +385,7 @@ class SyncStatus(models.Model):
     invalid = models.IntegerField(default=0, help_text="objects skipped because they did not parse")
     errors = models.IntegerField(default=0)
     last_error = models.TextField(blank=True)
+    last_invalid = models.TextField(blank=True, help_text="the last object refused: which one and why")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

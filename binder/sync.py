@@ -11,8 +11,11 @@ change queues a full pass (collapsed, ``binder.tasks``).
 
 What is kept: GPU and GPUClass objects that are being deleted count as gone (their
 units are released by the next pass, which then removes the finalizer, SPEC §6);
-pods only while they request a GPU resource. An object that does not parse is logged
-with the reason and skipped; it does not stop the others.
+pods only while they request a GPU resource. An object that does not parse (a NUL in a
+field, a bind request over 128 characters, ...) is refused at the parser, logged with the
+object and field, counted (``SyncStatus.invalid``, ``last_invalid``) and never stops the
+others; if the mirror had a row for it, the row keeps its last good state and is marked
+(``parse_error``): an object that stops parsing is not deleted.
 
 Progress and health go to ``SyncStatus`` (one row per kind: version, counts, lag from
 receiving an event to its row being committed, relists, 410s, last error), which
@@ -108,6 +111,7 @@ class KindSync:
             listed=len(listing.items),
             listed_at=timezone.now(),
             add={"relists": 1, "invalid": applied.invalid},
+            **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
         )
         log.info(
             "sync: listed %d %s at version %s (%d kept, %d rows removed, %d invalid)",
@@ -132,7 +136,7 @@ class KindSync:
                     continue
                 if event_type == "ERROR":
                     raise kube_client.Gone(str(obj))
-                mirror_event(self.kind, event_type, obj)
+                applied = mirror_event(self.kind, event_type, obj)
                 if event_type != "DELETED":
                     add_finalizer(self.kind, obj)
                 self.resource_version = version
@@ -142,7 +146,8 @@ class KindSync:
                     resource_version=version,
                     last_event_at=timezone.now(),
                     lag_seconds=lag,
-                    add={"events": 1},
+                    add={"events": 1, "invalid": applied.invalid},
+                    **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
                 )
                 if self.stop.is_set():
                     return

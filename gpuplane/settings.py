@@ -64,6 +64,28 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def env_secret(name: str) -> str:
+    """A secret from ``<name>`` or from the file ``<name>_FILE`` names, stripped of the
+    trailing newline that ``kubectl create secret --from-file`` and editors leave: a
+    ``GPUPLANE_METRICS_TOKEN`` ending in a newline made every scrape 401."""
+    raw = os.environ.get(name, "")
+    path = os.environ.get(f"{name}_FILE", "")
+    if path:
+        try:
+            raw = Path(path).read_text()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={path!r} cannot be read: {exc.strerror}") from None
+    return raw.strip()
+
+
+def env_log_level(name: str, default: str) -> str:
+    value = (os.environ.get(name) or default).strip().upper()
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    if value not in levels:
+        raise ImproperlyConfigured(f"{name}={os.environ.get(name)!r} must be one of {', '.join(levels)}")
+    return value
+
+
 def _secret_key() -> str:
     """DJANGO_SECRET_KEY, else a random key kept in var/ (embedded mode only)."""
     key = os.environ.get("DJANGO_SECRET_KEY")
@@ -112,6 +134,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
 ]
 
 #: Which server this process is: "api" (the admin and the tenant API, gunicorn) or
@@ -270,13 +293,43 @@ GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_S
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every
 #: pass, holding the pass lock, between reading and writing. Never set it in production.
-GPUPLANE_FAULT_PASS_DELAY_SECONDS = float(os.environ.get("GPUPLANE_FAULT_PASS_DELAY_SECONDS") or 0)
+GPUPLANE_FAULT_PASS_DELAY_SECONDS = env_float("GPUPLANE_FAULT_PASS_DELAY_SECONDS", 0.0)
 #: Every change of a mirrored object queues a full pass (turned off in unit tests that
 #: drive passes by hand).
 GPUPLANE_AUTO_PASS = env_bool("GPUPLANE_AUTO_PASS", True)
-#: If set, GET /metrics needs ``Authorization: Bearer <token>`` (else it is open, for
-#: scrapes from inside the cluster).
-GPUPLANE_METRICS_TOKEN = os.environ.get("GPUPLANE_METRICS_TOKEN", "")
+#: If set, GET /metrics needs ``Authorization: Bearer <token>`` (read from the variable or
+#: the file ``GPUPLANE_METRICS_TOKEN_FILE`` names, stripped).
+GPUPLANE_METRICS_TOKEN = env_secret("GPUPLANE_METRICS_TOKEN")
+#: Without a token, /metrics is open only in standalone mode: in cluster mode the pods are
+#: reachable from every tenant's namespace, so a scrape needs the token unless this is
+#: set to true on purpose.
+GPUPLANE_METRICS_OPEN = env_bool("GPUPLANE_METRICS_OPEN", GPUPLANE_CLUSTER == "standalone")
+
+# -- HTTPS: HSTS, Secure cookies, CSP --------------------------------------------------------
+#: The pods serve HTTPS when GPUPLANE_TLS_CERT_FILE is set (deploy/gunicorn.conf.py);
+#: GPUPLANE_HTTPS=true says so behind a TLS-terminating proxy. Then browsers are told to
+#: use HTTPS only (HSTS) and to send the session and CSRF cookies only over it.
+GPUPLANE_HTTPS = env_bool("GPUPLANE_HTTPS", bool(os.environ.get("GPUPLANE_TLS_CERT_FILE")))
+if GPUPLANE_HTTPS:
+    SECURE_HSTS_SECONDS = env_int("GPUPLANE_HSTS_SECONDS", 365 * 24 * 3600, minimum=1)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+#: Content-Security-Policy on every response (Django's middleware): scripts only from the
+#: site's own static files (the board's script is one; no inline script), no plugins, no
+#: framing. Inline style attributes stay allowed (bar widths, colour swatches): styles
+#: run no code. The API docs pages (Swagger UI, Redoc) start with an inline script and
+#: get their own policy (gpuplane.urls).
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "frame-ancestors": ["'none'"],
+    "form-action": ["'self'"],
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -343,5 +396,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("GPUPLANE_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_log_level("GPUPLANE_LOG_LEVEL", "INFO")},
 }

@@ -200,7 +200,8 @@ def load_cluster(*, forged: bool = False) -> None:
 
 
 def user(name: str, *namespaces: str, staff: bool = False) -> User:
-    return account(name, *namespaces, staff=staff)
+    """A tenant, or staff with the admin's permissions (staff without them read no tenant)."""
+    return account(name, *namespaces, superuser=staff)
 
 
 @pytest.mark.django_db

@@ -200,9 +200,10 @@ def test_devices_by_phase_and_class_and_lost_sets(client: Client, placed: dict[s
         ("h100", "Bound"): 2,
         ("h100", "Lost"): 3,
         ("h100", "Pending"): 1,
-        ("nope", "Bound"): 0,
-        ("nope", "Lost"): 0,
-        ("nope", "Pending"): 1,
+        # a class no GPUClass has (tenants choose these names): one bounded label for all of them
+        ("(no such class)", "Bound"): 0,
+        ("(no such class)", "Lost"): 0,
+        ("(no such class)", "Pending"): 1,
     }
     # t1/vm-lost (three devices) and t2/vm-lost: two sets, not four devices nor one VM name
     assert value(samples, "gpuplane_lost_sets") == 2

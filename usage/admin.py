@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -19,7 +20,8 @@ from django.utils import timezone
 
 from usage import queries
 from usage.api.renderers import csv_stream
-from usage.models import UsageRecord
+from usage.models import NamespaceGrant, UsageRecord
+from usage.tenancy import NAMESPACE_NAME
 
 
 @admin.register(UsageRecord)
@@ -66,3 +68,44 @@ class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         query = request.GET.urlencode()
         extra = {"export_url": f"export.csv{'?' + query if query else ''}", **(extra_context or {})}
         return super().changelist_view(request, extra)
+
+
+class GrantForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A grant names one token and one namespace (a Kubernetes namespace name)."""
+
+    class Meta:
+        model = NamespaceGrant
+        fields = ["token", "namespace", "namespace_uid"]
+
+    def clean_namespace(self) -> str:
+        name: str = self.cleaned_data["namespace"].strip()
+        if not NAMESPACE_NAME.match(name):
+            raise forms.ValidationError(f"{name[:63]!r} is not a namespace name (lower-case letters, digits and '-')")
+        return name
+
+
+@admin.register(NamespaceGrant)
+class NamespaceGrantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Which API token reads which namespace: staff see, add, change and remove grants here
+    (``issue_token`` makes them, ``revoke_token`` removes a token with its grants). The
+    grant's user is always its token's user."""
+
+    form = GrantForm
+    list_display = ["namespace", "token_key", "user", "namespace_uid", "token_expiry", "created"]
+    list_filter = ["namespace"]
+    search_fields = ["namespace", "user__username", "token__token_key"]
+    list_select_related = ["token", "user"]
+    raw_id_fields = ["token"]
+    readonly_fields = ["user", "created"]
+
+    @admin.display(description="token key", ordering="token__token_key")
+    def token_key(self, obj: NamespaceGrant) -> str:
+        return str(obj.token.token_key)
+
+    @admin.display(description="token expires", ordering="token__expiry")
+    def token_expiry(self, obj: NamespaceGrant) -> Any:
+        return obj.token.expiry or "never"
+
+    def save_model(self, request: HttpRequest, obj: NamespaceGrant, form: Any, change: bool) -> None:
+        obj.user = obj.token.user
+        super().save_model(request, obj, form, change)

@@ -142,20 +142,31 @@ class UsageRecord(models.Model):
 
 
 class NamespaceGrant(models.Model):
-    """Lets a (non-staff) user read one tenant namespace through the API.
+    """Lets one API token read one tenant namespace (a token names its namespaces).
+
+    Grants belong to the token, not the user: a second ``issue_token u --namespaces b``
+    used to widen u's older token for ``a`` to ``b`` as well. ``user`` is the token's
+    user, kept for the admin and for ``revoke_token --user``.
 
     The namespace is a name, not a link: a grant may be made before the namespace is
     mirrored, and it keeps giving access to that tenant's usage history after the
-    namespace is deleted. Staff users read every namespace without grants.
+    namespace is deleted. ``namespace_uid`` is the namespace's UID when the grant was made
+    (if it was mirrored): a namespace deleted and created again under the same name has a
+    new UID, is another tenant, and the old grant does not read it. Staff with the admin's
+    view permissions read every namespace without grants.
     """
 
+    token = models.ForeignKey("knox.AuthToken", on_delete=models.CASCADE, related_name="namespace_grants")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="namespace_grants")
     namespace = models.CharField(max_length=63)
+    namespace_uid = models.CharField(
+        max_length=64, blank=True, help_text="the namespace's UID when granted (empty: not mirrored then)"
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["user__username", "namespace"]
-        constraints = [models.UniqueConstraint(fields=["user", "namespace"], name="uniq_grant_per_user_namespace")]
+        ordering = ["user__username", "namespace", "created"]
+        constraints = [models.UniqueConstraint(fields=["token", "namespace"], name="uniq_grant_per_token_namespace")]
 
     def __str__(self) -> str:
-        return f"{self.user} may read {self.namespace}"
+        return f"token {self.token.token_key}… of {self.user} may read {self.namespace}"

@@ -41,6 +41,7 @@ from binder.engine import (
     build_ledger,
     effective_limits,
 )
+from binder.kube.objects import text_problem
 
 #: A VMI names a gpuplane device with ``deviceName: gpuplane.io/<GPU name>``.
 DEVICE_PREFIX = "gpuplane.io/"
@@ -177,6 +178,11 @@ def _string(value: Any, field: str, *, required: bool = False, max_length: int =
         raise ReviewError(field, "must not be empty")
     if len(value) > max_length:
         raise ReviewError(field, f"is longer than {max_length} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        # "\ud800" in JSON decodes to a lone surrogate, which cannot be encoded (the answer
+        # echoes the uid; the database reads the namespace): a 500 before; a NUL as well.
+        raise ReviewError(field, problem)
     return value
 
 

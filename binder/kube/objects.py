@@ -30,8 +30,52 @@ KIND_MAX = 64
 PHASE_MAX = 32
 REQUEST_ID_MAX = 128
 
+#: The largest count the mirror's integer columns hold (PostgreSQL ``integer``, and what
+#: SQLite and JSON keep exactly): unitsPerDevice, allocatable, limits, requests.
+COUNT_MAX = 2**31 - 1
+#: How much of a refused value an error message quotes: enough to recognise it, never a
+#: tenant's megabyte of text in a log line or an admin page.
+QUOTE_MAX = 40
+#: Longer quantity strings are refused unparsed (Kubernetes' own quantities are short).
+QUANTITY_MAX = 64
+
 #: Extended resources that are never GPUs: KubeVirt's own device plugins.
 NON_GPU_PREFIXES = ("kubernetes.io/", "devices.kubevirt.io/")
+
+
+def quote(value: Any) -> str:
+    """``repr(value)`` cut to :data:`QUOTE_MAX` characters: error messages quote a short
+    prefix of a refused value (escaped, so a NUL or a lone surrogate is shown, not written)."""
+    text = repr(value) if isinstance(value, str) else f"{type(value).__name__} {_short_repr(value)}"
+    return text if len(text) <= QUOTE_MAX else text[:QUOTE_MAX] + f"... ({len(text)} characters)"
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, (Mapping, list, tuple)):
+        return f"of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= QUOTE_MAX else text[:QUOTE_MAX] + "..."
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text, or None.
+
+    PostgreSQL's text and jsonb refuse NUL, and a lone surrogate (``"\\ud800"`` in JSON)
+    is not encodable as UTF-8 on either database: one such character in one tenant's
+    field used to fail the whole write, and with it the sync or the pass.
+    """
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        return "must not contain a lone surrogate (not valid Unicode text)"
+    return None
+
+
+def safe_text(value: str) -> str:
+    """``value`` with NUL and lone surrogates escaped: safe to log and store in an error text."""
+    if text_problem(value) is None:
+        return value
+    return "".join(repr(ch)[1:-1] if ch == "\x00" or "\ud800" <= ch <= "\udfff" else ch for ch in value)
 
 
 class ObjectError(ValueError):
@@ -63,7 +107,17 @@ def describe(obj: Mapping[str, Any]) -> str:
     meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     name = meta.get("name") or meta.get("generateName") or "<no name>"
     namespace = meta.get("namespace")
-    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+    # A name that is not a string is named by its type, never str()-ed (it may be a
+    # mapping of a million items); text is escaped and cut like any quoted value.
+    parts = [_ref_part(part) for part in (kind, namespace, name) if part]
+    return f"{parts[0]} {'/'.join(parts[1:])}" if len(parts) > 1 else parts[0]
+
+
+def _ref_part(value: Any) -> str:
+    if not isinstance(value, str):
+        return f"<{type(value).__name__}>"
+    text = safe_text(value)
+    return text if len(text) <= NAME_MAX else text[:QUOTE_MAX] + "..."
 
 
 class _Reader:
@@ -95,14 +149,28 @@ class _Reader:
                 raise self.fail(path, "is required")
             return default
         if not isinstance(value, str):
-            raise self.fail(path, f"must be a string, got {type(value).__name__} {value!r}")
+            raise self.fail(path, f"must be a string, got {quote(value)}")
         return self.limited(path, value, max_length)
 
     def limited(self, path: str, value: str, max_length: int | None) -> str:
-        """``value``, if it fits the mirror's column (Kubernetes' own limits)."""
+        """``value``, if it is storable text and fits the mirror's column (Kubernetes' own limits)."""
+        self.text(path, value)
         if max_length is not None and len(value) > max_length:
             raise self.fail(path, f"must be at most {max_length} characters, got {len(value)}")
         return value
+
+    def text(self, path: str, value: str) -> str:
+        """``value`` if it is text both databases can store (no NUL, no lone surrogate)."""
+        problem = text_problem(value)
+        if problem is not None:
+            raise self.fail(path, f"{problem}, got {quote(value)}")
+        return value
+
+    def key(self, path: str, key: Any) -> str:
+        """A map key that becomes a JSON key in the mirror: a string, storable, of sane length."""
+        if not isinstance(key, str):
+            raise self.fail(path, f"keys must be strings, got {quote(key)}")
+        return self.limited(f"{path}[{safe_text(key)[:QUOTE_MAX]}]", key, NAME_MAX)
 
     def mapping(self, path: str) -> dict[str, Any]:
         value = self.get(path)
@@ -115,9 +183,10 @@ class _Reader:
     def string_map(self, path: str) -> dict[str, str]:
         result = {}
         for key, value in self.mapping(path).items():
+            name = self.key(path, key)
             if not isinstance(value, str):
-                raise self.fail(f"{path}[{key}]", f"must be a string, got {type(value).__name__} {value!r}")
-            result[str(key)] = value
+                raise self.fail(f"{path}[{name}]", f"must be a string, got {quote(value)}")
+            result[name] = self.text(f"{path}[{name}]", value)
         return result
 
     def listing(self, path: str) -> list[Any]:
@@ -133,7 +202,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.fail(path, f"must be true or false, got {value!r}")
+            raise self.fail(path, f"must be true or false, got {quote(value)}")
         return value
 
     def integer(self, path: str, *, default: int | None = None, minimum: int | None = None) -> int:
@@ -147,6 +216,8 @@ class _Reader:
     def count(self, path: str, value: Any, *, minimum: int | None = None) -> int:
         """A whole-number quantity already read (map values whose keys hold dots)."""
         units = self.units(path, value)
+        if units > COUNT_MAX:
+            raise self.fail(path, f"must be at most {COUNT_MAX}, got {quote(value)}")
         if minimum is not None and units < minimum:
             raise self.fail(path, f"must be at least {minimum}, got {units}")
         return units
@@ -154,13 +225,18 @@ class _Reader:
     def units(self, path: str, value: Any) -> int:
         """A whole-number quantity (``2``, ``"2"``, ``"1k"``)."""
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise self.fail(path, f"must be a whole number, got {value!r}")
+            raise self.fail(path, f"must be a whole number, got {quote(value)}")
+        if isinstance(value, str) and len(value) > QUANTITY_MAX:
+            raise self.fail(path, f"is not a Kubernetes quantity: {quote(value)}")
         try:
             quantity = parse_quantity(value)
         except (ValueError, ArithmeticError):
-            raise self.fail(path, f"is not a Kubernetes quantity: {value!r}") from None
+            raise self.fail(path, f"is not a Kubernetes quantity: {quote(value)}") from None
+        if not quantity.is_finite() or abs(quantity) > COUNT_MAX:
+            # before to_integral_value and int(): "1e5000" would become a 5,000-digit int
+            raise self.fail(path, f"must be at most {COUNT_MAX}, got {quote(value)}")
         if quantity != quantity.to_integral_value():
-            raise self.fail(path, f"must be a whole number of units, got {value!r}")
+            raise self.fail(path, f"must be a whole number of units, got {quote(value)}")
         return int(Decimal(quantity))
 
     def timestamp(self, path: str) -> datetime | None:
@@ -175,15 +251,15 @@ class _Reader:
             try:
                 parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
             except ValueError:
-                raise self.fail(path, f"is not an RFC 3339 time: {value!r}") from None
+                raise self.fail(path, f"is not an RFC 3339 time: {quote(value)}") from None
         else:
-            raise self.fail(path, f"is not an RFC 3339 time: {value!r}")
+            raise self.fail(path, f"is not an RFC 3339 time: {quote(value)}")
         if parsed.tzinfo is None:
-            raise self.fail(path, f"needs a time zone (e.g. a trailing Z): {value!r}")
+            raise self.fail(path, f"needs a time zone (e.g. a trailing Z): {quote(value)}")
         try:
             return parsed.astimezone(UTC)  # PostgreSQL takes offsets only up to ±15:59
         except OverflowError:
-            raise self.fail(path, f"is outside the years 1-9999 in UTC: {value!r}") from None
+            raise self.fail(path, f"is outside the years 1-9999 in UTC: {quote(value)}") from None
 
     def name(self, max_length: int = NAME_MAX) -> str:
         return self.string("metadata.name", required=True, max_length=max_length)
@@ -195,7 +271,7 @@ class _Reader:
 def _check_api(r: _Reader, expected: tuple[str, ...]) -> None:
     api = r.string("apiVersion", required=True)
     if api not in expected:
-        raise r.fail("apiVersion", f"must be {' or '.join(expected)}, got {api!r}")
+        raise r.fail("apiVersion", f"must be {' or '.join(expected)}, got {quote(api)}")
 
 
 def parse_namespace(obj: Mapping[str, Any]) -> Parsed:
@@ -219,9 +295,9 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
     _check_api(r, ("v1",))
     name = r.name()
     allocatable = {
-        resource: r.count(f"status.allocatable[{resource}]", value, minimum=0)
+        r.key("status.allocatable", resource): r.count(f"status.allocatable[{resource}]", value, minimum=0)
         for resource, value in r.mapping("status.allocatable").items()
-        if is_gpu_resource(resource)
+        if isinstance(resource, str) and is_gpu_resource(resource)
     }
     conditions = r.listing("status.conditions")
     ready, ready_since = True, None
@@ -234,7 +310,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
                 status = condition.get("status")
                 if status not in ("True", "False", "Unknown"):
                     raise r.fail(
-                        f"status.conditions[{index}].status", f"must be True, False or Unknown, got {status!r}"
+                        f"status.conditions[{index}].status", f"must be True, False or Unknown, got {quote(status)}"
                     )
                 ready = status == "True"
                 ready_since = r.time_value(
@@ -262,7 +338,7 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
     name = r.name()
     resource = r.string("spec.resourceName", required=True, max_length=NAME_MAX)
     if "/" not in resource:
-        raise r.fail("spec.resourceName", f"must be an extended resource name with a '/', got {resource!r}")
+        raise r.fail("spec.resourceName", f"must be an extended resource name with a '/', got {quote(resource)}")
     return Parsed(
         "GPUClass",
         "",
@@ -286,7 +362,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     name, namespace = r.name(), r.namespace()
     phase = r.string("status.phase", default="Pending")
     if phase not in PHASES:
-        raise r.fail("status.phase", f"must be one of {', '.join(PHASES)}, got {phase!r}")
+        raise r.fail("status.phase", f"must be one of {', '.join(PHASES)}, got {quote(phase)}")
     node = r.string("status.node", max_length=NAME_MAX)
     if phase == "Bound" and not node:
         raise r.fail("status.node", "is required when status.phase is Bound")
@@ -319,8 +395,12 @@ def parse_gpu_budget(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, (f"{GROUP}/v1alpha1",))
     name, namespace = r.name(), r.namespace()
-    limits = {str(k): r.count(f"spec.limits[{k}]", v, minimum=0) for k, v in r.mapping("spec.limits").items()}
-    used = {str(k): r.count(f"status.used[{k}]", v, minimum=0) for k, v in r.mapping("status.used").items()}
+    limits = {
+        r.key("spec.limits", k): r.count(f"spec.limits[{k}]", v, minimum=0) for k, v in r.mapping("spec.limits").items()
+    }
+    used = {
+        r.key("status.used", k): r.count(f"status.used[{k}]", v, minimum=0) for k, v in r.mapping("status.used").items()
+    }
     return Parsed("GPUBudget", namespace, name, {"limits": limits, "used": used})
 
 
@@ -337,12 +417,14 @@ def parse_vmi(obj: Mapping[str, Any]) -> Parsed:
             if device_name is not None and not isinstance(device_name, str):
                 raise r.fail(f"spec.domain.devices.{section}[{index}].deviceName", "must be a string")
             if device_name:
-                device_names.append(device_name)
+                path = f"spec.domain.devices.{section}[{index}].deviceName"
+                device_names.append(r.limited(path, device_name, NAME_MAX))
     active = {}
     for uid, node in r.mapping("status.activePods").items():
+        pod_uid = r.key("status.activePods", uid)
         if node is not None and not isinstance(node, str):
-            raise r.fail(f"status.activePods[{uid}]", f"must be a node name, got {node!r}")
-        active[str(uid)] = node or ""
+            raise r.fail(f"status.activePods[{pod_uid}]", f"must be a node name, got {quote(node)}")
+        active[pod_uid] = r.limited(f"status.activePods[{pod_uid}]", node or "", NAME_MAX)
     return Parsed(
         "VirtualMachineInstance",
         namespace,
@@ -376,9 +458,10 @@ def pod_requests(r: _Reader) -> dict[str, int]:  # noqa: C901 - the Kubernetes r
                 if not isinstance(section, Mapping):
                     raise r.fail(f"{base}.{label}", "must be a mapping")
             wanted = {}
-            for resource in sorted(set(requests) | set(limits)):
-                if not is_gpu_resource(resource):
+            for resource in sorted(set(requests) | set(limits), key=str):
+                if not isinstance(resource, str) or not is_gpu_resource(resource):
                     continue
+                r.key(f"{base}.requests", resource)
                 if resource in requests:
                     wanted[resource] = r.count(f"{base}.requests[{resource}]", requests[resource], minimum=0)
                 else:
@@ -396,6 +479,15 @@ def pod_requests(r: _Reader) -> dict[str, int]:  # noqa: C901 - the Kubernetes r
     return {resource: units for resource, units in total.items() if units > 0}
 
 
+def _ref_field(r: _Reader, base: str, ref: Mapping[str, Any], field: str, max_length: int) -> str:
+    value = ref.get(field)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise r.fail(f"{base}.{field}", f"must be a string, got {quote(value)}")
+    return r.limited(f"{base}.{field}", value, max_length)
+
+
 def owner_hint(r: _Reader) -> tuple[dict[str, str], str]:
     """The pod's controller owner reference and the VMI name it hints at.
 
@@ -410,9 +502,8 @@ def owner_hint(r: _Reader) -> tuple[dict[str, str], str]:
         if ref.get("controller") or len(refs) == 1:
             base = f"metadata.ownerReferences[{index}]"
             owner = {
-                "kind": r.limited(f"{base}.kind", str(ref.get("kind", "")), KIND_MAX),
-                "name": r.limited(f"{base}.name", str(ref.get("name", "")), NAME_MAX),
-                "uid": r.limited(f"{base}.uid", str(ref.get("uid", "")), UID_MAX),
+                field: _ref_field(r, base, ref, field, limit)
+                for field, limit in (("kind", KIND_MAX), ("name", NAME_MAX), ("uid", UID_MAX))
             }
     hint = owner.get("name", "") if owner.get("kind") == "VirtualMachineInstance" else ""
     if not hint:
@@ -491,4 +582,27 @@ def parse_object(obj: Any, where: str = "") -> Parsed | None:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ObjectError(describe(obj), "metadata", "is required and must be a mapping")
-    return parser(obj)
+    parsed = parser(obj)
+    _check_stored(describe(obj), parsed.values)
+    return parsed
+
+
+def _check_stored(ref: str, values: Mapping[str, Any]) -> None:
+    """The last guard before the database: no text the mirror would write holds a NUL or
+    a lone surrogate, whichever field a parser forgot (the field named as the mirror's)."""
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, str):
+            problem = text_problem(value)
+            if problem is not None:
+                raise ObjectError(ref, path, f"{problem}, got {quote(value)}")
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(f"{path} (a key)", key)
+                walk(f"{path}[{safe_text(str(key))[:QUOTE_MAX]}]", item)
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(f"{path}[{index}]", item)
+
+    for field, value in values.items():
+        walk(field, value)

@@ -22,6 +22,57 @@ from binder.mirror.write import LoadReport, clear_mirror, write_parsed
 #: Refuse absurd files before parsing them (a snapshot of 100k devices is ~100 MB).
 MAX_SNAPSHOT_BYTES = 512 * 1024 * 1024
 
+#: Bounds on what one file may make the loader build. Dumps from ``kubectl`` never use
+#: YAML aliases, and Kubernetes objects nest about 20 levels deep (managedFields), so
+#: these only stop hostile files: a 556-byte "billion laughs" file expands to 10^9 nodes,
+#: and 500 levels of nesting overflowed the Python stack.
+MAX_ALIAS_NODES = 10_000
+MAX_DEPTH = 64
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, counting while it composes: the nodes every alias stands for
+    (an alias of an alias counts in full, as anyone walking the result would see it) and
+    the nesting depth. Past either bound it stops with a ComposerError at the line."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call] # PyYAML's stubs leave it untyped
+            node = super().compose_node(parent, index)
+            self._expanded += self._sizes.get(id(node), 1)  # 1: an alias of a node still being composed
+            if self._expanded > MAX_ALIAS_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases expand to more than {MAX_ALIAS_NODES} nodes (refused)", event.start_mark
+                )
+            return node
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        # Children are composed already (an alias child is its anchored node): the size as
+        # expanded is known bottom-up, once per node.
+        self._sizes[id(node)] = 1 + sum(self._sizes.get(id(child), 1) for child in self._children(node))
+        return node
+
+    @staticmethod
+    def _children(node: Any) -> list[Any]:
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return []
+
+
 class SnapshotError(ValueError):
     """The snapshot cannot be loaded; ``problems`` lists every reason found."""
 
@@ -50,7 +101,7 @@ def read_located(path: Path) -> list[tuple[str, Any]]:
     documents: list[tuple[Any, Any]] = []
     try:
         with path.open("rb") as handle:
-            loader = yaml.SafeLoader(handle)
+            loader = BoundedLoader(handle)
             try:
                 # safe_load_all, keeping each document's node for its line numbers
                 while loader.check_node():

@@ -19,7 +19,7 @@ from django.db.models import Value
 
 from binder import models, queue
 from binder.kube import client as kube_client
-from binder.kube.objects import ObjectError, Parsed, parse_object
+from binder.kube.objects import ObjectError, Parsed, parse_object, text_problem
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ def _upsert(model: Any, items: list[Parsed], report: LoadReport, ns_ids: Mapping
         values = dict(item.values)
         if ns_ids is not None:
             values["namespace_id"] = ns_ids[item.namespace]
-        rows.append(model(name=item.name, **values))
-    update_fields = list(items[0].values)
+        rows.append(model(name=item.name, parse_error="", **values))  # it parses again: unmarked
+    update_fields = [*items[0].values, "parse_error"]
     unique = ["namespace", "name"] if ns_ids is not None else ["name"]
     model.objects.bulk_create(
         rows, batch_size=1000, update_conflicts=True, unique_fields=unique, update_fields=update_fields
@@ -117,6 +117,8 @@ class Applied:
     upserted: int = 0
     deleted: int = 0
     invalid: int = 0
+    #: the last refusal, "<object>: <field>: <why>" (for SyncStatus.last_invalid)
+    last_invalid: str = ""
 
     @property
     def changed(self) -> bool:
@@ -135,20 +137,56 @@ def object_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
     return (str(meta.get("namespace") or "") if kube_client.RESOURCES[kind].namespaced else "", str(meta.get("name")))
 
 
-def kept(kind: str, obj: Mapping[str, Any]) -> tuple[bool, Parsed | None]:
-    """``(valid, parsed)``: does ``obj`` parse, and the parsed object if the mirror keeps a row for it."""
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An object of the cluster that does not parse: its key (if storable) and why."""
+
+    key: tuple[str, str] | None
+    error: str
+
+
+def kept(kind: str, obj: Mapping[str, Any]) -> tuple[Refused | None, Parsed | None]:
+    """``(refused, parsed)``: why ``obj`` does not parse (None if it does), and the parsed
+    object if the mirror keeps a row for it.
+
+    A GPU or class being deleted counts as gone whether or not it parses: its units are
+    released and its finalizer removed, so a broken object never holds up a deletion.
+    """
+    if kind in RELEASED_BY_BINDER and isinstance(obj.get("metadata"), Mapping) and kube_client.is_deleting(obj):
+        return None, None
     try:
         parsed = parse_object(obj, where="from the API server")
     except ObjectError as exc:
-        log.warning("sync: skipping an invalid %s: %s", kind, exc)
-        return False, None
+        log.warning("sync: refusing an invalid %s (its mirror row, if any, keeps its last good state): %s", kind, exc)
+        return Refused(storable_key(kind, obj), str(exc)), None
     if parsed is None:
-        return True, None
-    if kind in RELEASED_BY_BINDER and kube_client.is_deleting(obj):
-        return True, None
+        return None, None
     if kind == "Pod" and not parsed.values.get("gpu_requests"):
-        return True, None
-    return True, parsed
+        return None, None
+    return None, parsed
+
+
+def storable_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The ``(namespace, name)`` of an object, if a mirror row could have it (else None:
+    no row can hold a NUL or a name that is not text, and a query for one would fail)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace") or ""
+    if not isinstance(name, str) or not isinstance(namespace, str) or not name:
+        return None
+    if text_problem(name) or text_problem(namespace) or len(name) > 253 or len(namespace) > 63:
+        return None
+    return (namespace if kube_client.RESOURCES[kind].namespaced else "", name)
+
+
+def mark_refused(kind: str, refused: Sequence[Refused]) -> None:
+    """Mark the mirror rows of objects that stopped parsing: the row keeps its last good
+    state (a GPU that stops parsing is not deleted, its units are not released while its
+    VM runs) and says why, for staff (admin) and ``/metrics``."""
+    for item in refused:
+        if item.key is not None:
+            _rows(kind, *item.key).update(parse_error=item.error[:2000])
 
 
 def _rows(kind: str, namespace: str, name: str) -> Any:
@@ -177,21 +215,29 @@ def mirror_list(
     A change queues a full pass, unless ``queue`` is false (the pass's own fresh read).
     """
     keep: list[Parsed] = []
-    invalid = 0
+    refused: list[Refused] = []
     for obj in items:
-        valid, parsed = kept(kind, obj)
-        invalid += not valid
+        bad, parsed = kept(kind, obj)
+        if bad is not None:
+            refused.append(bad)
         if parsed is not None:
             keep.append(parsed)
         if progress is not None:
             progress(1)
-    wanted_keys = {(p.namespace, p.name) for p in keep}
+    # An object that does not parse is still in the cluster: its row is not stale.
+    wanted_keys = {(p.namespace, p.name) for p in keep} | {r.key for r in refused if r.key is not None}
     with transaction.atomic():
         write_parsed(keep)
+        mark_refused(kind, refused)
         stale = [row_id for row_id, ns, name in _keys(kind) if (ns, name) not in wanted_keys]
         for start in range(0, len(stale), 1000):
             MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
-        applied = Applied(upserted=len(keep), deleted=len(stale), invalid=invalid)
+        applied = Applied(
+            upserted=len(keep),
+            deleted=len(stale),
+            invalid=len(refused),
+            last_invalid=refused[-1].error[:2000] if refused else "",
+        )
         if applied.changed and queue:
             queue_full_pass()
     return applied
@@ -199,16 +245,21 @@ def mirror_list(
 
 def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
-    valid, parsed = kept(kind, obj) if event_type != "DELETED" else (True, None)
+    refused, parsed = kept(kind, obj) if event_type != "DELETED" else (None, None)
     with transaction.atomic():
-        if parsed is not None and unchanged(kind, parsed):
+        if refused is not None:
+            # Not a deletion: the row keeps its last good state, marked (no pass needed).
+            mark_refused(kind, [refused])
+            applied = Applied(invalid=1, last_invalid=refused.error[:2000])
+        elif parsed is not None and unchanged(kind, parsed):
             applied = Applied()  # e.g. only metadata the mirror does not keep: no pass needed
         elif parsed is not None:
             write_parsed([parsed])
             applied = Applied(upserted=1)
         else:
-            deleted, _ = _rows(kind, *object_key(kind, obj)).delete()
-            applied = Applied(deleted=int(bool(deleted)), invalid=int(not valid))
+            key = storable_key(kind, obj)
+            deleted = _rows(kind, *key).delete()[0] if key is not None else 0
+            applied = Applied(deleted=int(bool(deleted)))
         if applied.changed:
             queue_full_pass()
     return applied
@@ -217,4 +268,8 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
 def unchanged(kind: str, parsed: Parsed) -> bool:
     """True if the mirror's row already holds every field ``parsed`` would write."""
     row = _rows(kind, parsed.namespace, parsed.name).first()
-    return row is not None and all(getattr(row, field) == value for field, value in parsed.values.items())
+    return (
+        row is not None
+        and not row.parse_error
+        and all(getattr(row, field) == value for field, value in parsed.values.items())
+    )

@@ -26,6 +26,15 @@ from binder.engine import Holding, ledger_for
 from binder.engine import types as e
 from gpuplane.staff.palette import tenant_colour
 
+#: Cells drawn per strip (one node's resource) and per Lost set; past it a count stands in
+#: for the rest. A node has at most a few dozen units of a GPU resource, but a pod may
+#: request 200,000 (a 37 MiB page) and a node may claim a million allocatable.
+MAX_CELLS = 256
+
+
+def _more(units: int, what: str) -> str:
+    return f'<b class="more" title="{units} {what} not drawn">+{units}</b>' if units > 0 else ""
+
 
 class BoardFilterError(ValueError):
     """A filter names something the cluster does not have (shown to staff, never a 500)."""
@@ -263,18 +272,27 @@ class _Cells:
     def strip(
         self, node: str, resource: str, alloc: int, held: list[Holding], ids: dict[tuple[str, str], int]
     ) -> tuple[SafeString, int]:
-        """The strip's cells (units past ``alloc`` marked over-booked) and how many there are."""
+        """The strip's cells (units past ``alloc`` marked over-booked) and how many there are.
+
+        At most :data:`MAX_CELLS` cells: the booked units past the cap, and the free units
+        past it, are counted in one "+N" mark each instead of drawn."""
         parts: list[str] = []
+        unit = drawn = hidden = 0  # the unit index (cells past ``alloc`` are over-booked) and cells drawn
         for holding in held:
             css, attrs = self._device(node, holding, ids) if holding.device else self._pod(holding)
-            first = len(parts)
-            units = range(first, first + holding.units)
-            parts.extend(f'<a class="u {css}{" ob" if i >= alloc else ""}" {attrs}></a>' for i in units)
+            shown = min(holding.units, max(0, MAX_CELLS - drawn))
+            parts.extend(f'<a class="u {css}{" ob" if i >= alloc else ""}" {attrs}></a>'
+                         for i in range(unit, unit + shown))  # fmt: skip
+            unit, drawn, hidden = unit + holding.units, drawn + shown, hidden + holding.units - shown
             holder = _holder(holding)
             if not self.wanted or holder.namespace == self.wanted:
                 self.legend[holder.namespace].units += holding.units
-        parts.extend('<i class="u"></i>' for _ in range(max(0, alloc - len(parts))))
-        return mark_safe("".join(parts)), len(parts)  # noqa: S308 - every value is escaped
+        parts.append(_more(hidden, "booked units"))
+        free = max(0, alloc - unit)
+        shown = min(free, max(0, MAX_CELLS - drawn))
+        parts.extend('<i class="u"></i>' for _ in range(shown))
+        parts.append(_more(free - shown, "free units"))
+        return mark_safe("".join(parts)), drawn + shown  # noqa: S308 - every value is escaped
 
     def _device(self, node: str, holding: Holding, ids: dict[tuple[str, str], int]) -> tuple[str, str]:
         """A device's cell class and attributes (link, set, title)."""
@@ -336,7 +354,8 @@ def _lost_sets(
             f"reason: {devices[0].reason}",
         )
         tcss = tenant_css(namespace)
-        cells = f'<i class="u lost {tcss}" title="{title}"></i>' * units
+        cells = f'<i class="u lost {tcss}" title="{title}"></i>' * min(units, MAX_CELLS)
+        cells += _more(units - min(units, MAX_CELLS), "units of this Lost set")
         legend[namespace].lost_units += units
         out.append(
             LostSetCells(

@@ -10,7 +10,6 @@ a 500), calls one domain function (``gpuplane.staff.board``, ``binder.reports.bu
 
 from __future__ import annotations
 
-import csv
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -34,6 +33,7 @@ from binder.reports.budgets import budget_bars
 from binder.reports.history import HistoryQueryError, decision_log
 from gpuplane.staff.board import BoardFilterError, Filters, build_board
 from gpuplane.staff.palette import categorical, tenant_colour
+from usage.api.renderers import SafeWriter
 from usage.daily import MAX_DAYS, daily_gpu_hours, stacked_bars
 from usage.models import UsageRecord
 from usage.queries import namespace_known
@@ -184,7 +184,12 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
             f"{field if field != '__all__' else 'window'}: {e}" for field, errs in form.errors.items() for e in errs
         ]
         if wants_csv:
-            return HttpResponse("error\n" + "".join(f'"{p}"\n' for p in problems), status=400, content_type="text/csv")
+            response = HttpResponse(status=400, content_type="text/csv")
+            writer = SafeWriter(response, lineterminator="\n")
+            writer.writerow(["error"])
+            for problem in problems:
+                writer.writerow([problem])
+            return response
         return _render(request, site, "usage_chart.html", "Usage chart", status=400, errors=problems, form=form)
     params = form.cleaned_data
     daily = daily_gpu_hours(params["from"], params["to"], params["at"], namespace=params["tenant"], key=params["class"])
@@ -227,7 +232,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
 def _csv(rows: list[tuple[date, str, str, float]], filename: str) -> HttpResponse:
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    writer = csv.writer(response)
+    writer = SafeWriter(response)  # tenant and class names are chosen by others: no formulas
     writer.writerow(["day", "tenant", "class", "gpu_hours"])
     for day, namespace, key, hours in rows:
         writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}"])

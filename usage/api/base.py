@@ -14,8 +14,9 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 
+from binder.kube.objects import text_problem
 from usage import queries
-from usage.tenancy import Visible, may_read, visible_namespaces
+from usage.tenancy import STAFF_READ_PERMISSION, Visible, may_read, visible_namespaces
 
 # -- the base: authentication, scoping, 404 ---------------------------------------------------
 
@@ -36,9 +37,23 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
         # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
         if request.query_params.get("format") == "":
             raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})
+        # A NUL or a lone surrogate in a path part (``/devices/t1/a%00b``) names nothing that
+        # can exist, and PostgreSQL refuses it in a query (a 500 before): 400 naming the part.
+        for name, value in self.kwargs.items():
+            problem = text_problem(value) if isinstance(value, str) else None
+            if problem is not None:
+                raise ValidationError({name: [problem]})
+
+    def staff_permission(self) -> str:
+        """The admin's view permission of what this endpoint reads: what staff need to read
+        every tenant here (the admin pages ask the same)."""
+        if self.scoped_model is None:
+            return STAFF_READ_PERMISSION
+        meta = self.scoped_model._meta
+        return f"{meta.app_label}.view_{meta.model_name}"
 
     def visible(self) -> Visible:
-        return visible_namespaces(self.request.user)
+        return visible_namespaces(self.request.user, self.staff_permission(), self.request.auth)
 
     def scoped_queryset(self) -> QuerySet[Any]:
         return self.scoped_model.objects.for_tenant(self.visible())  # type: ignore[no-any-return]
@@ -54,7 +69,8 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
 
     def tenant(self, namespace: str | None = None) -> str:
         namespace = namespace if namespace is not None else self.kwargs["namespace"]
-        if not may_read(self.request.user, namespace) or not queries.namespace_known(namespace):
+        readable = may_read(self.request.user, namespace, self.staff_permission(), self.request.auth)
+        if not readable or not queries.namespace_known(namespace):
             raise NotFound(f"namespace {namespace!r} not found")
         return namespace
 

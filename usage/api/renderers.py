@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db.models import QuerySet
@@ -13,6 +13,29 @@ from rest_framework.renderers import BaseRenderer
 from usage.models import UsageRecord
 
 # -- CSV ------------------------------------------------------------------------------------
+
+#: A cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets
+#: (OWASP "CSV injection"): tenants choose VM names, device names and node labels.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_cell(value: Any) -> Any:
+    """``value`` as a spreadsheet shows it, never runs it: text starting like a formula gets a
+    leading single quote (OWASP's rule). Numbers are left alone (they are ours, not a tenant's)."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+class SafeWriter:
+    """``csv.writer`` whose every text cell goes through :func:`safe_cell`: the one way gpuplane
+    writes CSV (the usage API, the admin's usage export, the usage chart)."""
+
+    def __init__(self, out: Any, **options: Any) -> None:
+        self._writer = csv.writer(out, **options)
+
+    def writerow(self, row: Iterable[Any]) -> Any:
+        return self._writer.writerow([safe_cell(v) for v in row])
 
 
 class CSVRenderer(BaseRenderer):
@@ -25,7 +48,7 @@ class CSVRenderer(BaseRenderer):
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         # Errors (400/401/404) come through here as dicts: render them as one CSV row.
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = SafeWriter(out)
         if isinstance(data, dict):
             writer.writerow(["error"])
             writer.writerow([_flatten(data)])
@@ -47,7 +70,7 @@ CSV_COLUMNS = ["id", "namespace", "subjectKind", "subject", "subjectUid", "vmNam
 def csv_stream(queryset: QuerySet[UsageRecord]) -> Iterator[str]:
     """The records as CSV, a chunk of rows at a time (constant memory for any export)."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = SafeWriter(buffer)
     writer.writerow(CSV_COLUMNS)
     rows = queryset.values_list(
         "id", "namespace", "subject_kind", "subject", "subject_uid", "vm_name", "key", "resource_name", "units",

@@ -12,9 +12,10 @@ from usage.tenancy import GrantError, issue_token, parse_namespaces
 
 class Command(BaseCommand):
     help = (
-        "Create the user if needed, grant it read access to the given namespaces and print a new "
-        "API token alone on the last line (send it as `Authorization: Token <token>`). Only a "
-        "digest of the token is stored: it cannot be shown again."
+        "Create the user if needed and a new API token that reads exactly the given namespaces "
+        "(the user's other tokens are not widened), and print the token alone on the last line "
+        "(send it as `Authorization: Token <token>`). Only a digest of the token is stored: it "
+        "cannot be shown again; `revoke_token <key>` removes it."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -23,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--only",
             action="store_true",
-            help="the user may read exactly these namespaces afterwards (revoke other grants)",
+            help="narrow the user's other tokens to these namespaces too (revoke their other grants)",
         )
         parser.add_argument(
             "--days",
@@ -41,7 +42,8 @@ class Command(BaseCommand):
         self.stdout.write(f"user {issued.username}: {'created' if issued.created_user else 'existing'}")
         if issued.staff:
             self.stdout.write("  staff: reads every namespace (grants do not limit staff)")
-        self.stdout.write(f"  may read: {', '.join(issued.namespaces) or '(no namespaces yet)'}")
+        self.stdout.write(f"  this token may read: {', '.join(issued.namespaces) or '(no namespaces)'}")
+        self.stdout.write(f"  key: {issued.key} (revoke with: manage.py revoke_token {issued.key})")
         self.stdout.write(f"  expires: {issued.expires.isoformat() if issued.expires else 'never'}")
         self.stdout.write("  send it as: Authorization: Token <token>  (token on the next line)")
         self.stdout.write(issued.token)

@@ -12,9 +12,9 @@ import pytest
 
 from binder import models, sync
 from binder.runtime.passes import run_pass
+from tests.cluster_mode import cluster_gpus, mirrored_devices
 from tests.kube_emulator import RunningApiServer
 from tests.shapes import A10, H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.test_cluster import apiserver, cluster_gpus, mirrored_devices  # noqa: F401 - the fixture
 
 GPUS = "/apis/gpuplane.io/v1alpha1"
 
@@ -24,7 +24,7 @@ GPUS = "/apis/gpuplane.io/v1alpha1"
 
 @pytest.mark.django_db
 def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
-    apiserver: RunningApiServer,  # noqa: F811
+    apiserver: RunningApiServer,
 ) -> None:
     """A tenant's GPU with ``vmName: "x\\u0000y"`` (JSON allows it, PostgreSQL text does
     not) is refused at the parser, naming the object and the field; the sync mirrors the
@@ -54,7 +54,7 @@ def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
 
 @pytest.mark.django_db
 def test_a_gpu_that_stops_parsing_keeps_its_row_and_units_and_is_marked(
-    apiserver: RunningApiServer,  # noqa: F811
+    apiserver: RunningApiServer,
     client: Any,
 ) -> None:
     """A Bound GPU whose bind-request annotation grows past 128 characters is not deleted:
@@ -281,7 +281,8 @@ def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node
     ],
 )
 def test_webhook_answers_400_for_a_lone_surrogate_or_nul(client: Any, where: str, value: str, field: str) -> None:
-    from tests.test_webhook import new_vmi, post, review
+    from tests.factories import new_vmi, review
+    from tests.webhook_calls import post
 
     body = review(new_vmi("t1", "vm1", ["vm1-gpu0"]))
     body["request"][where] = value

@@ -77,3 +77,21 @@ def test_engine_tests_and_the_django_free_layers_import_without_django_settings(
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share objects through fixtures (tests/conftest.py) and helper modules
+    (tests/factories.py, tests/shapes.py, tests/workers.py, ...), never by importing a test
+    module: that would run its tests' collection twice and hide what is shared."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"^\s*(from tests\.test_\w+ import|from tests import .*\btest_\w+|import tests\.test_)", re.M)
+    offenders = [
+        str(path.relative_to(root))
+        for folder in ("tests", "bench")
+        for path in sorted((root / folder).glob("*.py"))
+        if pattern.search(path.read_text())
+    ]
+    assert offenders == []

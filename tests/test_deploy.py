@@ -5,7 +5,7 @@ it. Built-in kinds are validated against the Kubernetes 1.32 OpenAPI schemas shi
 ``kubernetes-validate`` (strict: unknown fields are errors); the gpuplane kinds against the
 ``openAPIV3Schema`` of the CRDs themselves, turned into JSON Schema the way the apiserver
 applies it (unknown fields refused, ``date-time`` checked). The demo cluster and any
-gpuplane object among the shared real fixtures must pass those schemas, and the schemas
+gpuplane object among the real fixtures (tests/fixtures/kubernetes) must pass those schemas, and the schemas
 must not accept what the loader (``binder.kube.objects``) refuses, or the sync would choke on an
 object the apiserver let in.
 """
@@ -602,7 +602,7 @@ def test_demo_objects_match_the_crds() -> None:
 
 
 def test_real_fixtures_match_the_crds() -> None:
-    """Any gpuplane object among the shared real captures (none today) passes the CRDs."""
+    """Any gpuplane object among the real captures (none today) passes the CRDs."""
     documents = list(fixture_documents())
     assert len(documents) >= 10, f"no fixtures found in {FIXTURES}"
     objects = [o for _, doc in documents for o in embedded_objects(doc)]

@@ -18,10 +18,11 @@ can retry; every denial's wording is in ``webhooks.admission``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -29,6 +30,7 @@ from django.utils import timezone
 from kubernetes.client import ApiException
 
 from binder import apiserver, models, queue
+from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
 from binder.mirror.read import engine_settings, read_rows
 from binder.runtime.answers import listening
@@ -44,14 +46,32 @@ POLL_SECONDS = 0.05
 RECHECK_SECONDS = 1.0
 
 
+def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
+    """The mirrored nodes of ``names`` (missing ones are left out): the pin needs each
+    node's own ``kubernetes.io/hostname`` label, which may differ from its name."""
+    wanted = sorted({n for n in names if n})
+    if not wanted:
+        return ()
+    return tuple(read_rows("Node", queryset=models.Node.objects.filter(name__in=wanted)))
+
+
+def with_nodes(view: MirrorView, names: Iterable[str]) -> MirrorView:
+    """``view`` with the nodes of ``names`` read fresh (after the binder answered with a
+    node the view, read before the bind, may not hold)."""
+    return dataclasses.replace(view, nodes=read_nodes(names))
+
+
 def mirror_view(namespace: str) -> MirrorView:
-    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads."""
+    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads:
+    its devices, the nodes they are on, all classes, and its budgets, pods and VMIs."""
     scope = [namespace]
     engine = engine_settings()
+    devices = tuple(read_rows("GPU", scope))
     return MirrorView(
         namespace=namespace,
         enabled=engine.enabled,
-        devices=tuple(read_rows("GPU", scope)),
+        devices=devices,
+        nodes=read_nodes(d.node for d in devices),
         classes=tuple(read_rows("GPUClass")),
         budgets=tuple(read_rows("GPUBudget", scope)),
         pods=tuple(read_rows("Pod", scope)),
@@ -124,7 +144,8 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
         if isinstance(answers, Verdict):
             return answers
         if answers is not None:
-            return conclude(review, view, answers)
+            answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
+            return conclude(review, with_nodes(view, answered), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)

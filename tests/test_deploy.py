@@ -268,6 +268,15 @@ VALID = {
     "class, defaults and everything": gpu_class(
         nodeSelector={"nvidia.com/gpu.workload.config": "vm-passthrough"}, displayName="NVIDIA H100"
     ),
+    "class with tolerations": gpu_class(
+        tolerations=[
+            {"key": "nvidia.com/gpu", "operator": "Equal", "value": "dedicated", "effect": "NoSchedule"},
+            {"key": "nvidia.com/gpu", "operator": "Exists"},
+            {"operator": "Exists"},
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "a", "value": "b"},
+        ]
+    ),
     "class without unitsPerDevice": {**gpu_class(), "spec": {"resourceName": "nvidia.com/GA102GL_A10"}},
     "class, vGPU name with a hyphen": gpu_class(resourceName="nvidia.com/NVIDIA_A10-12Q", unitsPerDevice=2),
     "class with status": {**gpu_class(), "status": {"allocatable": 40, "bound": 31, "lost": 8}},
@@ -291,6 +300,14 @@ INVALID = {
     "class, resourceName without a '/'": (gpu_class(resourceName="GH100"), "match"),
     "class, nodeSelector value not a string": (gpu_class(nodeSelector={"gpu": True}), "string"),
     "class, negative status": ({**gpu_class(), "status": {"bound": -1}}, "minimum"),
+    "class, toleration operator Near": (gpu_class(tolerations=[{"key": "a", "operator": "Near"}]), "Near"),
+    "class, toleration effect Sometimes": (gpu_class(tolerations=[{"key": "a", "effect": "Sometimes"}]), "Sometimes"),
+    "class, Exists with a value": (gpu_class(tolerations=[{"key": "a", "operator": "Exists", "value": "b"}]), "not"),
+    "class, empty key without Exists": (gpu_class(tolerations=[{"value": "b"}]), "any of the given schemas"),
+    "class, tolerationSeconds on NoSchedule": (
+        gpu_class(tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+        "any of the given schemas",
+    ),
     "class, unknown field": (gpu_class(unitPerDevice=2), "unitPerDevice"),
     "gpu, no vmName": ({**gpu(), "spec": {"className": "h100"}}, "vmName"),
     "gpu, empty className": (gpu(className=""), "non-empty"),
@@ -578,6 +595,12 @@ LOADER_REFUSES = [
     gpu_class(resourceName="GH100"),
     gpu_class(displayName="d" * 254),
     gpu_class(nodeSelector={"a": 1}),
+    gpu_class(tolerations=[{"key": "a", "operator": "Near"}]),
+    gpu_class(tolerations=[{"key": "a", "operator": "Exists", "value": "b"}]),
+    gpu_class(tolerations=[{"value": "b"}]),
+    gpu_class(tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+    gpu_class(tolerations=[{"key": "a", "effect": "Sometimes"}]),
+    gpu_class(tolerations={"key": "a"}),
     {**gpu_class(), "spec": {"unitsPerDevice": 1}},
     gpu_budget({"h100": -1}),
     gpu_budget({"h100": 1}, {"h100": -1}),

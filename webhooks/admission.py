@@ -626,6 +626,37 @@ def _deny(review: Review, message: str) -> Verdict:
     return Verdict(Action.DENY, review.uid, message=message)
 
 
+def _normal_toleration(raw: Mapping[str, Any]) -> tuple[str, str, str, str, Any]:
+    return (
+        str(raw.get("key") or ""),
+        str(raw.get("operator") or "Equal"),
+        str(raw.get("value") or ""),
+        str(raw.get("effect") or ""),
+        raw.get("tolerationSeconds"),
+    )
+
+
+def missing_tolerations(
+    have: Sequence[Mapping[str, Any]], classes: Sequence[GpuClass]
+) -> list[dict[str, object]]:
+    """The classes' tolerations the VMI does not list yet, each once, in class order.
+
+    The binder placed the set only where the classes' tolerations tolerate every blocking
+    taint, so the launcher pod must carry them too (as RuntimeClass admission merges its
+    scheduling tolerations into pods); one the VMI already has is not repeated.
+    """
+    seen = {_normal_toleration(t) for t in have}
+    added = []
+    for cls in classes:
+        for toleration in cls.tolerations:
+            spelled = toleration.as_kubernetes()
+            normal = _normal_toleration(spelled)
+            if normal not in seen:
+                seen.add(normal)
+                added.append(spelled)
+    return added
+
+
 def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
     """Allow with the patch pinning the VMI to ``node``, unless its own constraints exclude it.
 
@@ -649,7 +680,14 @@ def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
         cls = classes[devices[name].class_name]
         resources[name] = (cls.resource_name, cls.units_per_device)
     hostname = found.labels.get(HOSTNAME_LABEL) if found is not None else None
-    ops = build_patch(review.vmi, node, resources, hostname=hostname or None)
+    wanted = [classes[devices[name].class_name] for name in review.device_names]
+    ops = build_patch(
+        review.vmi,
+        node,
+        resources,
+        hostname=hostname or None,
+        tolerations=missing_tolerations(review.scheduling.tolerations, wanted),
+    )
     return Verdict(Action.PATCH, review.uid, node=node, patch=tuple(ops))
 
 
@@ -798,6 +836,7 @@ __all__ = [
     "decide",
     "encode_patch",
     "error_body",
+    "missing_tolerations",
     "parse_review",
     "parse_scheduling",
     "response",

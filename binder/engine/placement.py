@@ -108,6 +108,25 @@ def selector_mismatch(node: Node, classes: Iterable[GpuClass]) -> str | None:
     return None
 
 
+def untolerated_taint(node: Node, classes: Iterable[GpuClass]) -> str | None:
+    """The first NoSchedule/NoExecute taint of ``node`` some class of ``classes`` does not
+    tolerate, as a sentence, or None (SPEC §4 step 2).
+
+    The launcher pod carries the classes' tolerations (the webhook adds them), so a node
+    whose taint one of them does not tolerate could never run the VM: it takes no new
+    devices of that class. Taints under ``node.kubernetes.io/`` are the Ready and cordon
+    rules' business. Only new placements ask this: a taint never moves a held set.
+    """
+    blocking = [t for t in node.taints if t.blocks_new]
+    if not blocking:
+        return None
+    for cls in classes:
+        for taint in blocking:
+            if not any(t.tolerates(taint) for t in cls.tolerations):
+                return f"node has taint {taint}, which class {cls.name} does not tolerate"
+    return None
+
+
 def refuses_new(node: Node, classes: Iterable[GpuClass]) -> str | None:
     """Why ``node`` takes no new devices of ``classes`` now (SPEC §4 step 4), or None.
 
@@ -119,7 +138,8 @@ def refuses_new(node: Node, classes: Iterable[GpuClass]) -> str | None:
         return "cordoned"
     if node.draining:
         return "draining"
-    return selector_mismatch(node, classes)
+    classes = tuple(classes)
+    return selector_mismatch(node, classes) or untolerated_taint(node, classes)
 
 
 def describe_units(units: Counter[str]) -> str:
@@ -204,6 +224,17 @@ class _Pass:
         if mismatch:
             return f"node {node_name} no longer matches: {mismatch}"
         return None
+
+    def taint_note(self, devices: Sequence[Device]) -> str:
+        """A note for a refusal: the nodes kept out by a taint the classes do not tolerate,
+        so "no node has room" does not hide the one setting an operator can change."""
+        classes = self._classes_of(devices)
+        tainted = [(n, why) for n in self.node_names if (why := untolerated_taint(self.nodes[n], classes))]
+        if not tainted:
+            return ""
+        first, why = tainted[0]
+        more = f" and {len(tainted) - 1} more" if len(tainted) > 1 else ""
+        return f" (not tolerated: {first}{more}; {why})"
 
     def cannot_take(self, node_name: str, devices: Sequence[Device]) -> str | None:
         """Why ``node_name`` takes nothing new for ``devices``, or None."""
@@ -594,7 +625,7 @@ class _Pass:
                 key,
                 names,
                 f"pending: no Ready, schedulable node matching the set's classes has room for "
-                f"{describe_units(self.units(members))}",
+                f"{describe_units(self.units(members))}{self.taint_note(members)}",
             )
             self.refused.add(key)
             return

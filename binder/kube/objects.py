@@ -214,6 +214,82 @@ def parse_namespace(obj: Mapping[str, Any]) -> Parsed:
     )
 
 
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+
+
+def parse_taints(r: _Reader, path: str) -> list[dict[str, str]]:
+    """A node's ``spec.taints``: key and effect required, value optional (core/v1 Taint)."""
+    taints = []
+    for index, raw in enumerate(r.listing(path)):
+        at = f"{path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        key = r.limited(f"{at}.key", _field(r, at, "key", raw.get("key")), NAME_MAX + NAMESPACE_MAX)
+        if not key:
+            raise r.fail(f"{at}.key", "is required")
+        effect = _field(r, at, "effect", raw.get("effect"))
+        if effect not in TAINT_EFFECTS:
+            raise r.fail(f"{at}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
+        value = _field(r, at, "value", raw.get("value"))
+        taints.append({"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect})
+    return taints
+
+
+def _field(r: _Reader, at: str, name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise r.fail(f"{at}.{name}", f"must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def parse_tolerations(r: _Reader, path: str) -> list[dict[str, Any]]:
+    """Kubernetes tolerations (core/v1 Toleration), checked as the API server validates them:
+    operator Equal (default) or Exists; Exists takes no value; an empty key needs Exists;
+    effect empty (every effect) or a taint effect; tolerationSeconds only with NoExecute."""
+    tolerations = []
+    for index, raw in enumerate(r.listing(path)):
+        at = f"{path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        key = _field(r, at, "key", raw.get("key"))
+        operator = _field(r, at, "operator", raw.get("operator")) or "Equal"
+        value = _field(r, at, "value", raw.get("value"))
+        effect = _field(r, at, "effect", raw.get("effect"))
+        if operator not in TOLERATION_OPERATORS:
+            raise r.fail(f"{at}.operator", f"must be Equal or Exists, got {operator!r}")
+        if operator == "Exists" and value:
+            raise r.fail(f"{at}.value", f"must be empty when operator is Exists, got {value!r}")
+        if not key and operator != "Exists":
+            raise r.fail(f"{at}.operator", "must be Exists when key is empty (a toleration of every taint)")
+        if effect and effect not in TAINT_EFFECTS:
+            raise r.fail(f"{at}.effect", f"must be empty or one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
+        toleration: dict[str, Any] = {"operator": operator}
+        if key:
+            toleration["key"] = r.limited(f"{at}.key", key, NAME_MAX + NAMESPACE_MAX)
+        if value:
+            toleration["value"] = r.limited(f"{at}.value", value, 63)
+        if effect:
+            toleration["effect"] = effect
+        seconds = _toleration_seconds(r, at, raw.get("tolerationSeconds"), effect)
+        if seconds is not None:
+            toleration["tolerationSeconds"] = seconds
+        tolerations.append(toleration)
+    return tolerations
+
+
+def _toleration_seconds(r: _Reader, at: str, seconds: Any, effect: str) -> int | None:
+    """``tolerationSeconds``: an integer, and only on a NoExecute toleration (as the API server)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise r.fail(f"{at}.tolerationSeconds", f"must be an integer, got {seconds!r}")
+    if effect != "NoExecute":
+        raise r.fail(f"{at}.tolerationSeconds", "is only valid with effect NoExecute")
+    return seconds
+
+
 def parse_node(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, ("v1",))
@@ -249,6 +325,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
             "labels": r.string_map("metadata.labels"),
             "allocatable": allocatable,
             "unschedulable": r.boolean("spec.unschedulable"),
+            "taints": parse_taints(r, "spec.taints"),
             "ready": ready,
             "ready_since": ready_since,
             "created": r.timestamp("metadata.creationTimestamp"),
@@ -271,6 +348,7 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
             "resource_name": resource,
             "units_per_device": r.integer("spec.unitsPerDevice", default=1, minimum=1),
             "node_selector": r.string_map("spec.nodeSelector"),
+            "tolerations": parse_tolerations(r, "spec.tolerations"),
             "display_name": r.string("spec.displayName", max_length=NAME_MAX),
             "created": r.timestamp("metadata.creationTimestamp"),
             "status_allocatable": r.integer("status.allocatable", default=0),

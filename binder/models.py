@@ -131,6 +131,11 @@ class GpuDevice(models.Model):
     since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     bind_request = models.CharField(max_length=128, blank=True)
+    bind_node_selector = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the VMI's spec.nodeSelector, written with bind_request: an unanswered request is placed only there",
+    )
     bind_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="when the webhook wrote bind_request (for answer latency)"
     )

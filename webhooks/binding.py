@@ -113,7 +113,11 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
         with transaction.atomic():
             written = models.GpuDevice.objects.filter(
                 namespace__name=review.namespace, vm_name=review.name, name__in=names
-            ).update(bind_request=request_id, bind_requested_at=timezone.now())
+            ).update(
+                bind_request=request_id,
+                bind_requested_at=timezone.now(),
+                bind_node_selector=dict(review.scheduling.node_selector),
+            )
             if written != len(names):
                 raise _SetChanged
             transaction.on_commit(mark_committed)
@@ -157,11 +161,12 @@ def bind_and_wait(review: Review, view: MirrorView, verdict: Verdict, started: f
 
 def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str) -> Verdict | None:
     """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
-    each GPU object (SPEC §1), where the binder's fresh read finds it."""
+    each GPU object (SPEC §1), with the VMI's nodeSelector beside it as
+    ``gpuplane.io/bind-node-selector`` (SPEC §5 step 4), where the binder's fresh read finds them."""
     api = apiserver.api()
     for name in names:
         try:
-            api.annotate_bind_request(review.namespace, name, request_id)
+            api.annotate_bind_request(review.namespace, name, request_id, review.scheduling.node_selector)
         except Exception as exc:  # noqa: BLE001 - any failure: a clear denial within the timeout, never a 500
             if isinstance(exc, ApiException) and exc.status == 404:
                 return admission.set_changed(review)

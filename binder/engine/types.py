@@ -147,6 +147,9 @@ class Device:
     answered_request: str = ""
     answer: str = ""
     created: datetime | None = None
+    bind_node_selector: Mapping[str, str] = field(default_factory=dict)
+    """The VMI's own ``spec.nodeSelector``, written with the bind request (SPEC §5 step 4):
+    while the request is unanswered the set goes only to nodes carrying these labels."""
 
     @property
     def key(self) -> tuple[str, str]:

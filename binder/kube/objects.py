@@ -9,6 +9,7 @@ operator fixing a 5,000-object dump needs to know exactly where to look.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from kubernetes.utils.quantity import parse_quantity
 
 GROUP = "gpuplane.io"
 BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
+#: The VMI's own nodeSelector, as JSON, written by the webhook with the bind request (SPEC §5 step 4).
+BIND_NODE_SELECTOR_ANNOTATION = "gpuplane.io/bind-node-selector"
 PHASES = ("Pending", "Bound", "Lost")
 
 #: Kubernetes' length limits, which the mirror's columns are sized for: object names
@@ -358,6 +361,25 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
     )
 
 
+def parse_bind_node_selector(r: _Reader, annotations: Mapping[str, str]) -> dict[str, str]:
+    """The ``gpuplane.io/bind-node-selector`` annotation: a JSON object of label -> value.
+
+    Anything else is refused naming the annotation: guessing would place the set where
+    the VMI's launcher cannot run, or nowhere.
+    """
+    raw = annotations.get(BIND_NODE_SELECTOR_ANNOTATION, "")
+    field = f"metadata.annotations[{BIND_NODE_SELECTOR_ANNOTATION}]"
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise r.fail(field, f"is not JSON: {raw[:80]!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise r.fail(field, f"must be a JSON object of label names to string values, got {raw[:80]!r}")
+    return value
+
+
 def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, (f"{GROUP}/v1alpha1",))
@@ -370,6 +392,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
         raise r.fail("status.node", "is required when status.phase is Bound")
     if phase != "Bound" and node:
         raise r.fail("status.node", f"must be empty when status.phase is {phase}")
+    annotations = r.string_map("metadata.annotations")
     return Parsed(
         "GPU",
         namespace,
@@ -383,9 +406,10 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "reason": r.string("status.reason"),
             "bind_request": r.limited(
                 f"metadata.annotations[{BIND_REQUEST_ANNOTATION}]",
-                r.string_map("metadata.annotations").get(BIND_REQUEST_ANNOTATION, ""),
+                annotations.get(BIND_REQUEST_ANNOTATION, ""),
                 REQUEST_ID_MAX,
             ),
+            "bind_node_selector": parse_bind_node_selector(r, annotations),
             "answered_request": r.string("status.answeredRequest", max_length=REQUEST_ID_MAX),
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),

@@ -41,6 +41,7 @@ def device_from(
     answered_request: str,
     answer: str,
     created: datetime | None,
+    bind_node_selector: Values | None = None,
 ) -> e.Device:
     phase_ = PHASES[phase]
     return e.Device(
@@ -56,6 +57,7 @@ def device_from(
         answered_request,
         answer,
         created,
+        dict(bind_node_selector or {}),
     )
 
 
@@ -142,6 +144,7 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "answered_request",
             "answer",
             "created",
+            "bind_node_selector",
         ),
     ),
     "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),

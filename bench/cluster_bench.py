@@ -1,7 +1,7 @@
 """Benchmark the database-backed binder pass on PostgreSQL (issue 3).
 
 Not a test: it prints a markdown table for the README. One command generates a
-synthetic cluster shaped like ``fixtures/real`` (GPU nodes with a class resource plus
+synthetic cluster shaped like ``tests/fixtures/kubernetes`` (GPU nodes with a class resource plus
 the KubeVirt device resources, 3 classes, 1,000 tenants with GPUBudgets, sets of
 1/2/4/8 devices Bound by a best-fit packer so no node is over-booked, VMIs whose
 ``status.activePods`` lists their virt-launcher pod, raw-GPU pods and pods with forged
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_bench"
 FORBIDDEN_DATABASES = {"test", "postgres", "template0", "template1", "gpuplane"}
 
-#: (class name, raw resource, display name): the resource names of fixtures/real.
+#: (class name, raw resource, display name): the resource names of tests/fixtures/kubernetes.
 CLASSES = (
     ("h100", "nvidia.com/GH100_H100_SXM5_80GB", "NVIDIA H100 SXM5 80GB"),
     ("a10", "nvidia.com/GA102GL_A10", "NVIDIA A10"),
@@ -58,7 +58,7 @@ CLASSES = (
 RESOURCE = {name: res for name, res, _ in CLASSES}
 SIZES = (1, 2, 4, 8)
 SIZE_WEIGHTS = (40, 30, 20, 10)  # mean 2.6 devices per set
-#: Every class selects GPU-passthrough nodes, the label the GPU operator writes (fixtures/real).
+#: Every class selects GPU-passthrough nodes, the label the GPU operator writes (tests/fixtures/kubernetes).
 NODE_SELECTOR = {"nvidia.com/gpu.workload.config": "vm-passthrough"}
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -172,7 +172,7 @@ def uid(rng: random.Random) -> str:
 
 
 def node_labels(name: str, cls: str) -> dict[str, str]:
-    """Labels of a GPU-passthrough node as in fixtures/real/node-with-gpus.yaml."""
+    """Labels of a GPU-passthrough node as in tests/fixtures/kubernetes/node-with-gpus.yaml."""
     labels = {
         "beta.kubernetes.io/arch": "amd64",
         "beta.kubernetes.io/os": "linux",

@@ -66,6 +66,9 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     allocatable = models.JSONField(default=dict, blank=True, help_text="resource name -> units")
     unschedulable = models.BooleanField(default=False, help_text="cordoned: keeps its sets, takes nothing new")
+    taints = models.JSONField(
+        default=list, blank=True, help_text="spec.taints: [{key, value, effect}]; untolerated ones take nothing new"
+    )
     ready = models.BooleanField(default=True)
     ready_since = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(null=True, blank=True)
@@ -92,6 +95,9 @@ class GpuClass(models.Model):
     resource_name = models.CharField(max_length=253, help_text="raw node resource, e.g. nvidia.com/GA102GL_A10")
     units_per_device = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     node_selector = models.JSONField(default=dict, blank=True)
+    tolerations = models.JSONField(
+        default=list, blank=True, help_text="Kubernetes tolerations of node taints; the webhook adds them to the VMI"
+    )
     display_name = models.CharField(max_length=253, blank=True)
     created = models.DateTimeField(null=True, blank=True)
     status_allocatable = models.IntegerField(default=0)
@@ -137,6 +143,11 @@ class GpuDevice(models.Model):
     since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     bind_request = models.CharField(max_length=128, blank=True)
+    bind_node_selector = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the VMI's spec.nodeSelector, written with bind_request: an unanswered request is placed only there",
+    )
     bind_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="when the webhook wrote bind_request (for answer latency)"
     )

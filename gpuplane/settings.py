@@ -182,8 +182,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns at start-up when it is missing
+#: Collected static files. The container image collects them at build time into
+#: GPUPLANE_STATIC_ROOT, outside /var/lib/gpuplane: that is a writable volume in a pod and
+#: would hide whatever the image put there.
+STATIC_ROOT = Path(os.environ.get("GPUPLANE_STATIC_ROOT") or VAR_DIR / "static")
+if not STATIC_ROOT.is_dir():
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns at start-up when it is missing
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

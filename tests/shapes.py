@@ -1,4 +1,4 @@
-"""Test objects built from the real Kubernetes and KubeVirt shapes in ../shared/fixtures/real.
+"""Test objects built from the real Kubernetes and KubeVirt shapes in tests/fixtures/kubernetes.
 
 Every builder deep-copies a real captured object and changes only what the test is
 about (names, uids, GPU requests, placement), so tests exercise the fields real
@@ -20,7 +20,9 @@ from binder.engine import types as e
 from binder.kube.objects import parse_object
 from binder.mirror.convert import from_parsed
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
+#: The real captures, copied into the repository (their SOURCES.md says where each came from),
+#: so a clone with nothing beside it runs the suite.
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kubernetes"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"

@@ -5,7 +5,7 @@ it. Built-in kinds are validated against the Kubernetes 1.32 OpenAPI schemas shi
 ``kubernetes-validate`` (strict: unknown fields are errors); the gpuplane kinds against the
 ``openAPIV3Schema`` of the CRDs themselves, turned into JSON Schema the way the apiserver
 applies it (unknown fields refused, ``date-time`` checked). The demo cluster and any
-gpuplane object among the shared real fixtures must pass those schemas, and the schemas
+gpuplane object among the real fixtures (tests/fixtures/kubernetes) must pass those schemas, and the schemas
 must not accept what the loader (``binder.kube.objects``) refuses, or the sync would choke on an
 object the apiserver let in.
 """
@@ -226,6 +226,15 @@ VALID = {
     "class, defaults and everything": gpu_class(
         nodeSelector={"nvidia.com/gpu.workload.config": "vm-passthrough"}, displayName="NVIDIA H100"
     ),
+    "class with tolerations": gpu_class(
+        tolerations=[
+            {"key": "nvidia.com/gpu", "operator": "Equal", "value": "dedicated", "effect": "NoSchedule"},
+            {"key": "nvidia.com/gpu", "operator": "Exists"},
+            {"operator": "Exists"},
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "a", "value": "b"},
+        ]
+    ),
     "class without unitsPerDevice": {**gpu_class(), "spec": {"resourceName": "nvidia.com/GA102GL_A10"}},
     "class, vGPU name with a hyphen": gpu_class(resourceName="nvidia.com/NVIDIA_A10-12Q", unitsPerDevice=2),
     "class with status": {**gpu_class(), "status": {"allocatable": 40, "bound": 31, "lost": 8}},
@@ -249,6 +258,14 @@ INVALID = {
     "class, resourceName without a '/'": (gpu_class(resourceName="GH100"), "match"),
     "class, nodeSelector value not a string": (gpu_class(nodeSelector={"gpu": True}), "string"),
     "class, negative status": ({**gpu_class(), "status": {"bound": -1}}, "minimum"),
+    "class, toleration operator Near": (gpu_class(tolerations=[{"key": "a", "operator": "Near"}]), "Near"),
+    "class, toleration effect Sometimes": (gpu_class(tolerations=[{"key": "a", "effect": "Sometimes"}]), "Sometimes"),
+    "class, Exists with a value": (gpu_class(tolerations=[{"key": "a", "operator": "Exists", "value": "b"}]), "not"),
+    "class, empty key without Exists": (gpu_class(tolerations=[{"value": "b"}]), "any of the given schemas"),
+    "class, tolerationSeconds on NoSchedule": (
+        gpu_class(tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+        "any of the given schemas",
+    ),
     "class, unknown field": (gpu_class(unitPerDevice=2), "unitPerDevice"),
     "gpu, no vmName": ({**gpu(), "spec": {"className": "h100"}}, "vmName"),
     "gpu, empty className": (gpu(className=""), "non-empty"),
@@ -539,6 +556,12 @@ LOADER_REFUSES = [
     gpu_class(resourceName="GH100"),
     gpu_class(displayName="d" * 254),
     gpu_class(nodeSelector={"a": 1}),
+    gpu_class(tolerations=[{"key": "a", "operator": "Near"}]),
+    gpu_class(tolerations=[{"key": "a", "operator": "Exists", "value": "b"}]),
+    gpu_class(tolerations=[{"value": "b"}]),
+    gpu_class(tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+    gpu_class(tolerations=[{"key": "a", "effect": "Sometimes"}]),
+    gpu_class(tolerations={"key": "a"}),
     {**gpu_class(), "spec": {"unitsPerDevice": 1}},
     gpu_budget({"h100": -1}),
     gpu_budget({"h100": 1}, {"h100": -1}),
@@ -563,7 +586,7 @@ def test_demo_objects_match_the_crds() -> None:
 
 
 def test_real_fixtures_match_the_crds() -> None:
-    """Any gpuplane object among the shared real captures (none today) passes the CRDs."""
+    """Any gpuplane object among the real captures (none today) passes the CRDs."""
     documents = list(fixture_documents())
     assert len(documents) >= 10, f"no fixtures found in {FIXTURES}"
     objects = [o for _, doc in documents for o in embedded_objects(doc)]

@@ -1,6 +1,6 @@
 """Loading cluster snapshots (SPEC §8 ``load_snapshot``): what lands in the mirror, and what is refused.
 
-Objects are the real captures in ../shared/fixtures/real, or built from them by
+Objects are the real captures in tests/fixtures/kubernetes, or built from them by
 tests/shapes.py, written to YAML and loaded through the real loader. A snapshot is all or
 nothing: any invalid object rejects the whole file, naming the object and the field.
 """

@@ -327,7 +327,12 @@ def admission_review(vmi: dict[str, Any], uid: str, *, dry_run: bool = False) ->
 def patched(vmi: dict[str, Any], verdict: Verdict) -> tuple[str, Counter[str]]:
     """Apply the webhook's patch: the node the VMI is pinned to and its gpus per deviceName."""
     result = jsonpatch.apply_patch(vmi, [dict(op) for op in verdict.patch])
-    node = result["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    # The hostname label (equal to the name on these nodes), or, for a node the view did
+    # not hold, the required node affinity on metadata.name (SPEC §5 step 3).
+    node = result["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname")
+    if node is None:
+        terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (node,) = {f["values"][0] for t in terms["nodeSelectorTerms"] for f in t["matchFields"]}
     return node, Counter(g["deviceName"] for g in result["spec"]["domain"]["devices"]["gpus"])
 
 
@@ -676,6 +681,7 @@ class EngineMachine(RuleBasedStateMachine):
             namespace=namespace,
             devices=tuple(d for d in w.cluster().devices if d.namespace == namespace),
             classes=tuple(w.classes[k] for k in sorted(w.classes)),
+            nodes=tuple(w.nodes[k] for k in sorted(w.nodes)),
             budgets=tuple(b for k, b in sorted(w.budgets.items()) if b.namespace == namespace),
             pods=tuple(p for k, p in sorted(w.pods.items()) if p.namespace == namespace),
             vmis=tuple(v for k, v in sorted(w.vmis.items()) if v.namespace == namespace),

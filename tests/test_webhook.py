@@ -470,7 +470,7 @@ def test_build_patch_gives_one_entry_per_unit_with_unique_names() -> None:
         {"deviceName": "gpuplane.io/g1", "name": "gpu0"},
         {"deviceName": "example.com/nic", "name": "gpu0-2"},
     ]
-    ops = admission.build_patch(vmi, "n7", {"g0": (H100, 3), "g1": (A10, 2)})
+    ops = admission.build_patch(vmi, "n7", {"g0": (H100, 3), "g1": (A10, 2)}, hostname="n7")
     patched = jsonpatch.apply_patch(vmi, ops)
     assert patched["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n7"}
     assert gpus(patched) == [("gpu0", H100), ("gpu0-1", H100), ("gpu0-3", H100)]

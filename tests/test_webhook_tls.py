@@ -4,7 +4,7 @@
 (the serving certificate verifies against the printed caBundle for the Service's DNS
 name, with serverAuth); the webhook's manifests (the cluster overlay in deploy/, rendered
 by ``kubectl kustomize``) against the admissionregistration/v1 rules in
-fixtures/real/NOTES.md; ``deploy/gunicorn.conf.py`` by loading it as gunicorn
+tests/fixtures/kubernetes/NOTES.md; ``deploy/gunicorn.conf.py`` by loading it as gunicorn
 does and, end to end, by a real gunicorn serving HTTPS with a certificate from the
 command, called with a client that trusts only ``ca.crt``.
 """

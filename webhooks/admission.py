@@ -18,6 +18,7 @@ still re-checks at bind time (admission checks are advisory, SPEC §4).
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from binder.engine import (
     DefaultBudget,
     Device,
     GpuClass,
+    Node,
     Phase,
     Pod,
     Vmi,
@@ -45,8 +47,15 @@ from binder.kube.objects import text_problem
 
 #: A VMI names a gpuplane device with ``deviceName: gpuplane.io/<GPU name>``.
 DEVICE_PREFIX = "gpuplane.io/"
-#: The node label the patch pins the VMI with.
+#: The node label the patch pins the VMI with: its value is the node's own label, which
+#: may differ from the node's name (on EKS the name is the full DNS name, the label the short one).
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: The node field a required node affinity pins by where a node has no hostname label.
+NAME_FIELD = "metadata.name"
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+#: Node selector requirement operators (core/v1 NodeSelectorOperator) and the field ones.
+LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+FIELD_OPERATORS = frozenset({"In", "NotIn"})
 REVIEW_API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"
 VMI_GROUP = "kubevirt.io"
@@ -82,6 +91,37 @@ class Named:
 
 
 @dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node selector requirement (``matchExpressions`` on labels, ``matchFields`` on fields)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One ``nodeSelectorTerms`` entry: its requirements are ANDed; terms are ORed."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """Where the VMI itself says it may run: checked against the node holding its GPUs,
+    so a pin never silently overrides the user's own constraints (SPEC §5 step 3).
+
+    ``required`` is None when the VMI has no required node affinity (an empty tuple would
+    be a required affinity with no terms, which no node satisfies).
+    """
+
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    required: tuple[Term, ...] | None = None
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Review:
     """What the decision needs from an AdmissionReview request, already type-checked.
 
@@ -96,6 +136,7 @@ class Review:
     dry_run: bool
     vmi: Mapping[str, Any]
     named: tuple[Named, ...]
+    scheduling: Scheduling = Scheduling()
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -113,8 +154,9 @@ class MirrorView:
     """The read-only slice of the mirror one decision reads: the VMI's namespace.
 
     ``devices``, ``budgets``, ``pods`` and ``vmis`` are those of ``namespace`` (records of
-    other namespaces are ignored); ``classes`` are all GPU classes. ``enabled`` and
-    ``default_budget`` are the settings ``GPUPLANE_ENABLED`` and
+    other namespaces are ignored); ``classes`` are all GPU classes; ``nodes`` at least the
+    nodes the namespace's devices are on (the pin needs each node's own labels). ``enabled``
+    and ``default_budget`` are the settings ``GPUPLANE_ENABLED`` and
     ``GPUPLANE_DEFAULT_BUDGET``.
     """
 
@@ -122,6 +164,7 @@ class MirrorView:
     enabled: bool = True
     devices: tuple[Device, ...] = ()
     classes: tuple[GpuClass, ...] = ()
+    nodes: tuple[Node, ...] = ()
     budgets: tuple[Budget, ...] = ()
     pods: tuple[Pod, ...] = ()
     vmis: tuple[Vmi, ...] = ()
@@ -258,6 +301,9 @@ def parse_review(body: Any) -> Review:  # noqa: C901 - one check per field of th
             _string(entry.get("name"), f"{where}[{index}].name")
             if device_name.startswith(DEVICE_PREFIX):
                 named.append(Named(section, index, device_name.removeprefix(DEVICE_PREFIX)))
+    # Only a VMI that names gpuplane devices is pinned, so only its constraints are read:
+    # every other VMI stays on the fast path, untouched.
+    scheduling = parse_scheduling(spec, "request.object.spec") if named else Scheduling()
     return Review(
         uid=uid,
         namespace=namespace,
@@ -266,7 +312,158 @@ def parse_review(body: Any) -> Review:  # noqa: C901 - one check per field of th
         dry_run=dry_run,
         vmi=obj,
         named=tuple(named),
+        scheduling=scheduling,
     )
+
+
+def _strings(value: Any, field: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ReviewError(field, f"must be an array of strings, got {_type(value)}")
+    return tuple(_string(v, f"{field}[{i}]", required=True, max_length=316) for i, v in enumerate(value))
+
+
+def _requirements(value: Any, field: str, operators: frozenset[str]) -> tuple[Requirement, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ReviewError(field, f"must be an array, got {_type(value)}")
+    found = []
+    for i, entry in enumerate(value):
+        where = f"{field}[{i}]"
+        entry = _mapping(entry, where, required=True)
+        key = _string(entry.get("key"), f"{where}.key", required=True, max_length=316)
+        operator = _string(entry.get("operator"), f"{where}.operator", required=True)
+        if operator not in operators:
+            allowed = ", ".join(sorted(operators))
+            raise ReviewError(f"{where}.operator", f"must be one of {allowed}, got {operator!r:.40}")
+        found.append(Requirement(key, operator, _strings(entry.get("values"), f"{where}.values")))
+    return tuple(found)
+
+
+def parse_scheduling(spec: Mapping[str, Any], field: str) -> Scheduling:
+    """The VMI's ``nodeSelector``, required node affinity and tolerations, type-checked.
+
+    The apiserver has decoded the object already, so a wrong type here means a hand-made
+    review; it is refused with the field's name (HTTP 400), never guessed at.
+    """
+    raw_selector = _mapping(spec.get("nodeSelector"), f"{field}.nodeSelector")
+    selector = {
+        _string(k, f"{field}.nodeSelector", required=True, max_length=316): _string(
+            v, f"{field}.nodeSelector[{k!r}]", max_length=63
+        )
+        for k, v in raw_selector.items()
+    }
+    affinity = _mapping(spec.get("affinity"), f"{field}.affinity")
+    node_affinity = _mapping(affinity.get("nodeAffinity"), f"{field}.affinity.nodeAffinity")
+    required: tuple[Term, ...] | None = None
+    where = f"{field}.affinity.nodeAffinity.{REQUIRED_AFFINITY}"
+    if node_affinity.get(REQUIRED_AFFINITY) is not None:
+        raw = _mapping(node_affinity.get(REQUIRED_AFFINITY), where)
+        terms = raw.get("nodeSelectorTerms")
+        if not isinstance(terms, list):
+            raise ReviewError(f"{where}.nodeSelectorTerms", f"must be an array, got {_type(terms)}")
+        parsed = []
+        for i, raw_term in enumerate(terms):
+            at = f"{where}.nodeSelectorTerms[{i}]"
+            term = _mapping(raw_term, at, required=True)
+            parsed.append(
+                Term(
+                    _requirements(term.get("matchExpressions"), f"{at}.matchExpressions", LABEL_OPERATORS),
+                    _requirements(term.get("matchFields"), f"{at}.matchFields", FIELD_OPERATORS),
+                )
+            )
+        required = tuple(parsed)
+    raw_tolerations = spec.get("tolerations")
+    if raw_tolerations is not None and not isinstance(raw_tolerations, list):
+        raise ReviewError(f"{field}.tolerations", f"must be an array, got {_type(raw_tolerations)}")
+    tolerations = tuple(
+        _mapping(t, f"{field}.tolerations[{i}]", required=True) for i, t in enumerate(raw_tolerations or ())
+    )
+    return Scheduling(selector, required, tolerations)
+
+
+# -- node constraints (what the scheduler checks) ----------------------------------------------
+
+
+def _label_requirement_holds(req: Requirement, labels: Mapping[str, str]) -> bool:
+    value = labels.get(req.key)
+    match req.operator:
+        case "In":
+            return value is not None and value in req.values
+        case "NotIn":
+            return value is None or value not in req.values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+        case _:  # Gt, Lt: integers, one value
+            if value is None or len(req.values) != 1:
+                return False
+            try:
+                have, want = int(value), int(req.values[0])
+            except ValueError:
+                return False
+            return have > want if req.operator == "Gt" else have < want
+
+
+def _field_requirement_holds(req: Requirement, node_name: str) -> bool:
+    if req.key != NAME_FIELD:
+        return False  # the scheduler supports metadata.name only
+    return (node_name in req.values) == (req.operator == "In")
+
+
+def term_matches(term: Term, node: Node) -> bool:
+    """Whether ``node`` satisfies one node selector term; an empty term matches no node."""
+    if not term.expressions and not term.fields:
+        return False
+    return all(_label_requirement_holds(r, node.labels) for r in term.expressions) and all(
+        _field_requirement_holds(r, node.name) for r in term.fields
+    )
+
+
+def _describe(req: Requirement) -> str:
+    values = f" [{', '.join(req.values)}]" if req.values else ""
+    return f"{req.key} {req.operator}{values}"
+
+
+def scheduling_conflict(scheduling: Scheduling, node: Node | None, node_name: str) -> str | None:
+    """Why the VMI's own constraints exclude the node holding its GPUs, or None.
+
+    Checked as the scheduler checks the launcher pod (which KubeVirt gives the VMI's
+    nodeSelector and affinity): every nodeSelector label equal, and at least one required
+    node affinity term satisfied. ``node`` None is a node missing from the mirror: its
+    labels are unknown, so any constraint is a conflict the caller may retry.
+    """
+    if node is None:
+        if scheduling.node_selector or scheduling.required is not None:
+            return (
+                f"node {node_name} is not in gpuplane's mirror, so its labels cannot be checked "
+                "against the VMI's nodeSelector and node affinity; try again"
+            )
+        return None
+    for key in sorted(scheduling.node_selector):
+        want, have = scheduling.node_selector[key], node.labels.get(key)
+        if have == want:
+            continue
+        shown = f"{key}={have}" if have is not None else f"no label {key}"
+        if key == HOSTNAME_LABEL:
+            return f"spec.nodeSelector pins {key}={want}, but its GPUs are on node {node_name} ({shown})"
+        return f"spec.nodeSelector {key}={want} does not match node {node_name} ({shown})"
+    if scheduling.required is not None and not any(term_matches(t, node) for t in scheduling.required):
+        where = f"spec.affinity.nodeAffinity.{REQUIRED_AFFINITY}"
+        if not scheduling.required:
+            return f"{where} has no nodeSelectorTerms, so no node, {node_name} included, satisfies it"
+        unmet = [
+            _describe(r)
+            for t in scheduling.required
+            for r in t.expressions
+            if not _label_requirement_holds(r, node.labels)
+        ] + [_describe(r) for t in scheduling.required for r in t.fields if not _field_requirement_holds(r, node.name)]
+        detail = f" (unmet: {'; '.join(unmet)})" if unmet else " (an empty term matches no node)"
+        return f"{where}: no nodeSelectorTerm matches node {node_name}, which holds its GPUs{detail}"
+    return None
 
 
 # -- deciding ------------------------------------------------------------------------------
@@ -435,14 +632,69 @@ def _deny(review: Review, message: str) -> Verdict:
     return Verdict(Action.DENY, review.uid, message=message)
 
 
+def _normal_toleration(raw: Mapping[str, Any]) -> tuple[str, str, str, str, Any]:
+    return (
+        str(raw.get("key") or ""),
+        str(raw.get("operator") or "Equal"),
+        str(raw.get("value") or ""),
+        str(raw.get("effect") or ""),
+        raw.get("tolerationSeconds"),
+    )
+
+
+def missing_tolerations(
+    have: Sequence[Mapping[str, Any]], classes: Sequence[GpuClass]
+) -> list[dict[str, object]]:
+    """The classes' tolerations the VMI does not list yet, each once, in class order.
+
+    The binder placed the set only where the classes' tolerations tolerate every blocking
+    taint, so the launcher pod must carry them too (as RuntimeClass admission merges its
+    scheduling tolerations into pods); one the VMI already has is not repeated.
+    """
+    seen = {_normal_toleration(t) for t in have}
+    added = []
+    for cls in classes:
+        for toleration in cls.tolerations:
+            spelled = toleration.as_kubernetes()
+            normal = _normal_toleration(spelled)
+            if normal not in seen:
+                seen.add(normal)
+                added.append(spelled)
+    return added
+
+
 def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
+    """Allow with the patch pinning the VMI to ``node``, unless its own constraints exclude it.
+
+    The pin uses the node's own ``kubernetes.io/hostname`` label (not its name: they differ
+    on EKS); a node without the label, or missing from the view, is pinned by name through
+    a required node affinity.
+    """
+    nodes = {n.name: n for n in view.nodes}
+    found = nodes.get(node)
+    conflict = scheduling_conflict(review.scheduling, found, node)
+    if conflict:
+        return _deny(
+            review,
+            f"VMI {review.namespace}/{review.name}: its GPUs are on node {node}, "
+            f"which the VMI's own scheduling constraints exclude: {conflict}",
+        )
     classes = {c.name: c for c in view.classes}
     devices = {d.name: d for d in view.devices if d.namespace == review.namespace}
     resources = {}
     for name in review.device_names:
         cls = classes[devices[name].class_name]
         resources[name] = (cls.resource_name, cls.units_per_device)
-    return Verdict(Action.PATCH, review.uid, node=node, patch=tuple(build_patch(review.vmi, node, resources)))
+    hostname = found.labels.get(HOSTNAME_LABEL) if found is not None else None
+    wanted = [classes[devices[name].class_name] for name in review.device_names]
+    ops = build_patch(
+        review.vmi,
+        node,
+        resources,
+        hostname=hostname or None,
+        tolerations=missing_tolerations(review.scheduling.tolerations, wanted),
+    )
+    return Verdict(Action.PATCH, review.uid, node=node, patch=tuple(ops))
 
 
 # -- patch and response --------------------------------------------------------------------
@@ -462,24 +714,62 @@ def _unique(base: str, taken: set[str]) -> str:
     return candidate
 
 
-def build_patch(vmi: Mapping[str, Any], node: str, resources: Mapping[str, tuple[str, int]]) -> list[dict[str, Any]]:
+def _pin_ops(spec: Mapping[str, Any], node: str, hostname: str | None) -> list[dict[str, Any]]:
+    """The ops that pin the VMI: the hostname label in ``spec.nodeSelector``, else a
+    ``metadata.name`` field requirement added to every required node affinity term (a new
+    required affinity with one term where there is none), so the ORed terms all pin."""
+    if hostname is not None:
+        if isinstance(spec.get("nodeSelector"), Mapping):
+            return [{"op": "add", "path": _pointer("spec", "nodeSelector", HOSTNAME_LABEL), "value": hostname}]
+        return [{"op": "add", "path": _pointer("spec", "nodeSelector"), "value": {HOSTNAME_LABEL: hostname}}]
+    pin = {"key": NAME_FIELD, "operator": "In", "values": [node]}
+    affinity = copy.deepcopy(dict(spec.get("affinity") or {}))
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get(REQUIRED_AFFINITY) or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or ()]
+    if terms:
+        for term in terms:
+            term["matchFields"] = [*(term.get("matchFields") or ()), pin]
+    else:
+        terms = [{"matchFields": [pin]}]
+    required["nodeSelectorTerms"] = terms
+    node_affinity[REQUIRED_AFFINITY] = required
+    affinity["nodeAffinity"] = node_affinity
+    return [{"op": "add", "path": _pointer("spec", "affinity"), "value": affinity}]
+
+
+def build_patch(
+    vmi: Mapping[str, Any],
+    node: str,
+    resources: Mapping[str, tuple[str, int]],
+    *,
+    hostname: str | None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
     """JSONPatch ops that pin ``vmi`` to ``node`` and rewrite its gpuplane deviceNames.
 
-    ``resources`` maps each named device to its class's (raw resource name, units per
-    device). KubeVirt adds 1 of a deviceName's resource per entry, so a device of N
-    units becomes N entries; entry names stay unique (``gpu0``, ``gpu0-1``, ...) across
-    both device lists, as KubeVirt requires. The node selector is added to (or
-    created as) ``spec.nodeSelector`` without touching other labels there.
+    ``hostname`` is the node's own ``kubernetes.io/hostname`` label (None: the node has
+    none, and the pin is a required node affinity on ``metadata.name``). ``resources``
+    maps each named device to its class's (raw resource name, units per device). KubeVirt
+    adds 1 of a deviceName's resource per entry, so a device of N units becomes N entries;
+    entry names stay unique (``gpu0``, ``gpu0-1``, ...) across both device lists, as
+    KubeVirt requires. Other labels of ``spec.nodeSelector`` stay as they are.
+    ``tolerations`` are appended to ``spec.tolerations`` (the caller passes only those the
+    VMI lacks).
     """
     spec = vmi.get("spec")
-    ops: list[dict[str, Any]] = []
     if not isinstance(spec, Mapping):
-        return [{"op": "add", "path": _pointer("spec"), "value": {"nodeSelector": {HOSTNAME_LABEL: node}}}]
-    selector = spec.get("nodeSelector")
-    if isinstance(selector, Mapping):
-        ops.append({"op": "add", "path": _pointer("spec", "nodeSelector", HOSTNAME_LABEL), "value": node})
+        spec = {}
+        ops: list[dict[str, Any]] = [{"op": "add", "path": _pointer("spec"), "value": {}}]
     else:
-        ops.append({"op": "add", "path": _pointer("spec", "nodeSelector"), "value": {HOSTNAME_LABEL: node}})
+        ops = []
+    ops.extend(_pin_ops(spec, node, hostname))
+    if tolerations:
+        if isinstance(spec.get("tolerations"), list):
+            end = _pointer("spec", "tolerations", "-")
+            ops.extend({"op": "add", "path": end, "value": dict(t)} for t in tolerations)
+        else:
+            ops.append({"op": "add", "path": _pointer("spec", "tolerations"), "value": [dict(t) for t in tolerations]})
 
     devices = ((spec.get("domain") or {}).get("devices")) or {}
     sections = {s: list(devices.get(s) or []) for s in DEVICE_SECTIONS}
@@ -540,8 +830,11 @@ __all__ = [
     "Action",
     "MirrorView",
     "Named",
+    "Requirement",
     "Review",
     "ReviewError",
+    "Scheduling",
+    "Term",
     "Verdict",
     "advisory_budget_refusal",
     "build_patch",
@@ -549,7 +842,11 @@ __all__ = [
     "decide",
     "encode_patch",
     "error_body",
+    "missing_tolerations",
     "parse_review",
+    "parse_scheduling",
     "response",
+    "scheduling_conflict",
+    "term_matches",
     "timed_out",
 ]

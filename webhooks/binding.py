@@ -18,11 +18,12 @@ can retry; every denial's wording is in ``webhooks.admission``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from django.conf import settings
@@ -31,6 +32,7 @@ from django.utils import timezone
 from kubernetes.client import ApiException
 
 from binder import apiserver, models, queue
+from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
 from binder.mirror.read import engine_settings, read_rows
 from binder.runtime.answers import listening
@@ -48,14 +50,32 @@ RECHECK_SECONDS = 1.0
 TIMEOUT_MARGIN = 1.5
 
 
+def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
+    """The mirrored nodes of ``names`` (missing ones are left out): the pin needs each
+    node's own ``kubernetes.io/hostname`` label, which may differ from its name."""
+    wanted = sorted({n for n in names if n})
+    if not wanted:
+        return ()
+    return tuple(read_rows("Node", queryset=models.Node.objects.filter(name__in=wanted)))
+
+
+def with_nodes(view: MirrorView, names: Iterable[str]) -> MirrorView:
+    """``view`` with the nodes of ``names`` read fresh (after the binder answered with a
+    node the view, read before the bind, may not hold)."""
+    return dataclasses.replace(view, nodes=read_nodes(names))
+
+
 def mirror_view(namespace: str) -> MirrorView:
-    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads."""
+    """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads:
+    its devices, the nodes they are on, all classes, and its budgets, pods and VMIs."""
     scope = [namespace]
     engine = engine_settings()
+    devices = tuple(read_rows("GPU", scope))
     return MirrorView(
         namespace=namespace,
         enabled=engine.enabled,
-        devices=tuple(read_rows("GPU", scope)),
+        devices=devices,
+        nodes=read_nodes(d.node for d in devices),
         classes=tuple(read_rows("GPUClass")),
         budgets=tuple(read_rows("GPUBudget", scope)),
         pods=tuple(read_rows("Pod", scope)),
@@ -146,7 +166,11 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
                 raise _Joined
             written = models.GpuDevice.objects.filter(
                 namespace__name=review.namespace, vm_name=review.name, name__in=names
-            ).update(bind_request=request_id, bind_requested_at=timezone.now())
+            ).update(
+                bind_request=request_id,
+                bind_requested_at=timezone.now(),
+                bind_node_selector=dict(review.scheduling.node_selector),
+            )
             if written != len(names):
                 raise _SetChanged
             transaction.on_commit(mark_committed)
@@ -178,7 +202,8 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
         if isinstance(answers, Verdict):
             return answers
         if answers is not None:
-            return conclude(review, view, answers)
+            answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
+            return conclude(review, with_nodes(view, answered), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
@@ -190,11 +215,12 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
 
 def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str) -> Verdict | None:
     """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
-    each GPU object (SPEC §1), where the binder's fresh read finds it."""
+    each GPU object (SPEC §1), with the VMI's nodeSelector beside it as
+    ``gpuplane.io/bind-node-selector`` (SPEC §5 step 4), where the binder's fresh read finds them."""
     api = apiserver.api()
     for name in names:
         try:
-            api.annotate_bind_request(review.namespace, name, request_id)
+            api.annotate_bind_request(review.namespace, name, request_id, review.scheduling.node_selector)
         except Exception as exc:  # noqa: BLE001 - any failure: a clear denial within the timeout, never a 500
             if isinstance(exc, ApiException) and exc.status == 404:
                 return admission.set_changed(review)

@@ -32,6 +32,8 @@ from binder.engine.types import (
     Phase,
     Pod,
     Settings,
+    Taint,
+    Toleration,
     Vmi,
 )
 
@@ -58,6 +60,8 @@ __all__ = [
     "Pod",
     "RawUsage",
     "Settings",
+    "Taint",
+    "Toleration",
     "Vmi",
     "answer_pass",
     "budget_refusal",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key, ledger_for
@@ -108,6 +108,53 @@ def selector_mismatch(node: Node, classes: Iterable[GpuClass]) -> str | None:
     return None
 
 
+def untolerated_taint(node: Node, classes: Iterable[GpuClass]) -> str | None:
+    """The first NoSchedule/NoExecute taint of ``node`` some class of ``classes`` does not
+    tolerate, as a sentence, or None (SPEC §4 step 2).
+
+    The launcher pod carries the classes' tolerations (the webhook adds them), so a node
+    whose taint one of them does not tolerate could never run the VM: it takes no new
+    devices of that class. Taints under ``node.kubernetes.io/`` are the Ready and cordon
+    rules' business. Only new placements ask this: a taint never moves a held set.
+    """
+    blocking = [t for t in node.taints if t.blocks_new]
+    if not blocking:
+        return None
+    for cls in classes:
+        for taint in blocking:
+            if not any(t.tolerates(taint) for t in cls.tolerations):
+                return f"node has taint {taint}, which class {cls.name} does not tolerate"
+    return None
+
+
+def _labels(selector: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def requested_selector(devices: Iterable[Device]) -> dict[str, str]:
+    """The VMI nodeSelector of the devices' unanswered bind requests (SPEC §5 step 4).
+
+    The webhook writes the same selector on every device of the set; should two differ
+    (a request rewritten half way), both hold, and a label asked two ways matches no node.
+    """
+    selector: dict[str, str] = {}
+    for device in devices:
+        if device.wants_answer:
+            for label, value in device.bind_node_selector.items():
+                if selector.setdefault(label, value) != value:
+                    selector[label] = "\x00conflicting values"
+    return selector
+
+
+def requested_selector_mismatch(node: Node, devices: Iterable[Device]) -> str | None:
+    """The first label of the VMI's nodeSelector (written with an unanswered bind request)
+    that ``node`` lacks, as a sentence, or None: the set's launcher could not run there."""
+    for label, value in sorted(requested_selector(devices).items()):
+        if node.labels.get(label) != value:
+            return f"the VMI's nodeSelector needs node label {label}={value}"
+    return None
+
+
 def refuses_new(node: Node, classes: Iterable[GpuClass]) -> str | None:
     """Why ``node`` takes no new devices of ``classes`` now (SPEC §4 step 4), or None.
 
@@ -119,7 +166,8 @@ def refuses_new(node: Node, classes: Iterable[GpuClass]) -> str | None:
         return "cordoned"
     if node.draining:
         return "draining"
-    return selector_mismatch(node, classes)
+    classes = tuple(classes)
+    return selector_mismatch(node, classes) or untolerated_taint(node, classes)
 
 
 def describe_units(units: Counter[str]) -> str:
@@ -145,7 +193,7 @@ class _Pass:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
-        self._eligible: dict[frozenset[str], frozenset[str]] = {}
+        self._eligible: dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]] = {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).
@@ -205,12 +253,25 @@ class _Pass:
             return f"node {node_name} no longer matches: {mismatch}"
         return None
 
+    def taint_note(self, devices: Sequence[Device]) -> str:
+        """A note for a refusal: the nodes kept out by a taint the classes do not tolerate,
+        so "no node has room" does not hide the one setting an operator can change."""
+        selector = requested_selector(devices)
+        wanted = f" with the VMI's nodeSelector {_labels(selector)}" if selector else ""
+        classes = self._classes_of(devices)
+        tainted = [(n, why) for n in self.node_names if (why := untolerated_taint(self.nodes[n], classes))]
+        if not tainted:
+            return wanted
+        first, why = tainted[0]
+        more = f" and {len(tainted) - 1} more" if len(tainted) > 1 else ""
+        return f"{wanted} (not tolerated: {first}{more}; {why})"
+
     def cannot_take(self, node_name: str, devices: Sequence[Device]) -> str | None:
         """Why ``node_name`` takes nothing new for ``devices``, or None."""
         node = self.nodes.get(node_name)
         if node is None:
             return "deleted"
-        return refuses_new(node, self._classes_of(devices))
+        return refuses_new(node, self._classes_of(devices)) or requested_selector_mismatch(node, devices)
 
     # -- choosing a node -----------------------------------------------------------------
 
@@ -290,12 +351,14 @@ class _Pass:
 
     def eligible_nodes(self, devices: Sequence[Device]) -> frozenset[str]:
         """Nodes that may take new units of ``devices``' classes (cached per pass:
-        readiness, cordons and labels do not change within a pass)."""
+        readiness, cordons, labels and taints do not change within a pass), and of an
+        unanswered bind request's nodeSelector."""
         classes = frozenset(d.class_name for d in devices)
-        cached = self._eligible.get(classes)
+        cache_key = (classes, frozenset(requested_selector(devices).items()))
+        cached = self._eligible.get(cache_key)
         if cached is None:
             cached = frozenset(name for name in self.node_names if not self.cannot_take(name, devices))
-            self._eligible[classes] = cached
+            self._eligible[cache_key] = cached
         return cached
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
@@ -594,7 +657,7 @@ class _Pass:
                 key,
                 names,
                 f"pending: no Ready, schedulable node matching the set's classes has room for "
-                f"{describe_units(self.units(members))}",
+                f"{describe_units(self.units(members))}{self.taint_note(members)}",
             )
             self.refused.add(key)
             return

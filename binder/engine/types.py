@@ -21,6 +21,12 @@ def is_draining(labels: Mapping[str, object]) -> bool:
     """A node labelled ``gpuplane.io/drain=true`` (any case) is being drained (SPEC §4 step 2)."""
     return str(labels.get(DRAIN_LABEL, "")).lower() == "true"
 
+#: Taint effects that keep new pods off a node; PreferNoSchedule is only a preference.
+BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+#: Taints the node lifecycle controller writes (not-ready, unreachable, unschedulable, ...):
+#: the Ready and cordon rules already cover what they mean (SPEC §4 step 2).
+NODE_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+
 #: Pod phases that hold nothing: KubeVirt leaves finished pods in activePods for a while.
 FINISHED_POD_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -37,19 +43,76 @@ HELD_PHASES = frozenset({Phase.BOUND, Phase.LOST})
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """One ``spec.taints`` entry of a node."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+    @property
+    def blocks_new(self) -> bool:
+        """Keeps new devices off the node unless tolerated (SPEC §4 step 2): NoSchedule or
+        NoExecute, and not one of the lifecycle taints the Ready and cordon rules handle."""
+        return self.effect in BLOCKING_TAINT_EFFECTS and not self.key.startswith(NODE_LIFECYCLE_TAINT_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """One Kubernetes toleration, as a GPUClass lists it and the webhook adds it to a VMI."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' own rule (core/v1 ``Toleration.ToleratesTaint``): an empty effect
+        matches every effect, an empty key (with ``Exists``) every key; ``Exists`` ignores
+        the value, ``Equal`` compares it."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.operator in ("", "Equal") and self.value == taint.value
+
+    def as_kubernetes(self) -> dict[str, object]:
+        """The toleration as the Kubernetes API spells it (empty fields left out)."""
+        out: dict[str, object] = {}
+        if self.key:
+            out["key"] = self.key
+        out["operator"] = self.operator or "Equal"
+        if self.value:
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class GpuClass:
-    """A kind of GPU a tenant may order: which raw node resource it takes and how much."""
+    """A kind of GPU a tenant may order: which raw node resource it takes and how much,
+    where it may go (``node_selector``) and which node taints it tolerates."""
 
     name: str
     resource_name: str
     units_per_device: int = 1
     node_selector: Mapping[str, str] = field(default_factory=dict)
     display_name: str = ""
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A node as the binder needs it: GPU allocatable, labels, cordon and readiness.
+    """A node as the binder needs it: GPU allocatable, labels, cordon, readiness and taints.
 
     ``ready_since`` is the Ready condition's lastTransitionTime; with ``ready`` False it
     says since when the node is not Ready (the grace period counts from it).
@@ -61,6 +124,7 @@ class Node:
     unschedulable: bool = False
     ready: bool = True
     ready_since: datetime | None = None
+    taints: tuple[Taint, ...] = ()
 
     @property
     def draining(self) -> bool:
@@ -83,6 +147,9 @@ class Device:
     answered_request: str = ""
     answer: str = ""
     created: datetime | None = None
+    bind_node_selector: Mapping[str, str] = field(default_factory=dict)
+    """The VMI's own ``spec.nodeSelector``, written with the bind request (SPEC §5 step 4):
+    while the request is unanswered the set goes only to nodes carrying these labels."""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from binder.kube.objects import BIND_REQUEST_ANNOTATION, GROUP
+from binder.kube.objects import BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION, GROUP
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +201,18 @@ class KubeApi:
         body = {"metadata": {"finalizers": [*finalizers] or None, "resourceVersion": resource_version}}
         return self._call("PATCH", resource.path(namespace, name), body=body)
 
-    def annotate_bind_request(self, namespace: str, name: str, request_id: str) -> Any:
-        """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation (SPEC §1)."""
-        body = {"metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id}}}
+    def annotate_bind_request(
+        self, namespace: str, name: str, request_id: str, node_selector: Mapping[str, str] | None = None
+    ) -> Any:
+        """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation (SPEC §1)
+        and, with it, the VMI's nodeSelector as ``gpuplane.io/bind-node-selector`` (SPEC §5
+        step 4; removed when the VMI has none, so an older request's selector does not stay)."""
+        selector = json.dumps(dict(node_selector), sort_keys=True, separators=(",", ":")) if node_selector else None
+        body = {
+            "metadata": {
+                "annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}
+            }
+        }
         return self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body)
 
 

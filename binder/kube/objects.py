@@ -9,6 +9,7 @@ operator fixing a 5,000-object dump needs to know exactly where to look.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from kubernetes.utils.quantity import parse_quantity
 
 GROUP = "gpuplane.io"
 BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
+#: The VMI's own nodeSelector, as JSON, written by the webhook with the bind request (SPEC §5 step 4).
+BIND_NODE_SELECTOR_ANNOTATION = "gpuplane.io/bind-node-selector"
 PHASES = ("Pending", "Bound", "Lost")
 
 #: Kubernetes' length limits, which the mirror's columns are sized for: object names
@@ -290,6 +293,82 @@ def parse_namespace(obj: Mapping[str, Any]) -> Parsed:
     )
 
 
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+
+
+def parse_taints(r: _Reader, path: str) -> list[dict[str, str]]:
+    """A node's ``spec.taints``: key and effect required, value optional (core/v1 Taint)."""
+    taints = []
+    for index, raw in enumerate(r.listing(path)):
+        at = f"{path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        key = r.limited(f"{at}.key", _field(r, at, "key", raw.get("key")), NAME_MAX + NAMESPACE_MAX)
+        if not key:
+            raise r.fail(f"{at}.key", "is required")
+        effect = _field(r, at, "effect", raw.get("effect"))
+        if effect not in TAINT_EFFECTS:
+            raise r.fail(f"{at}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
+        value = _field(r, at, "value", raw.get("value"))
+        taints.append({"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect})
+    return taints
+
+
+def _field(r: _Reader, at: str, name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise r.fail(f"{at}.{name}", f"must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def parse_tolerations(r: _Reader, path: str) -> list[dict[str, Any]]:
+    """Kubernetes tolerations (core/v1 Toleration), checked as the API server validates them:
+    operator Equal (default) or Exists; Exists takes no value; an empty key needs Exists;
+    effect empty (every effect) or a taint effect; tolerationSeconds only with NoExecute."""
+    tolerations = []
+    for index, raw in enumerate(r.listing(path)):
+        at = f"{path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        key = _field(r, at, "key", raw.get("key"))
+        operator = _field(r, at, "operator", raw.get("operator")) or "Equal"
+        value = _field(r, at, "value", raw.get("value"))
+        effect = _field(r, at, "effect", raw.get("effect"))
+        if operator not in TOLERATION_OPERATORS:
+            raise r.fail(f"{at}.operator", f"must be Equal or Exists, got {operator!r}")
+        if operator == "Exists" and value:
+            raise r.fail(f"{at}.value", f"must be empty when operator is Exists, got {value!r}")
+        if not key and operator != "Exists":
+            raise r.fail(f"{at}.operator", "must be Exists when key is empty (a toleration of every taint)")
+        if effect and effect not in TAINT_EFFECTS:
+            raise r.fail(f"{at}.effect", f"must be empty or one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
+        toleration: dict[str, Any] = {"operator": operator}
+        if key:
+            toleration["key"] = r.limited(f"{at}.key", key, NAME_MAX + NAMESPACE_MAX)
+        if value:
+            toleration["value"] = r.limited(f"{at}.value", value, 63)
+        if effect:
+            toleration["effect"] = effect
+        seconds = _toleration_seconds(r, at, raw.get("tolerationSeconds"), effect)
+        if seconds is not None:
+            toleration["tolerationSeconds"] = seconds
+        tolerations.append(toleration)
+    return tolerations
+
+
+def _toleration_seconds(r: _Reader, at: str, seconds: Any, effect: str) -> int | None:
+    """``tolerationSeconds``: an integer, and only on a NoExecute toleration (as the API server)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise r.fail(f"{at}.tolerationSeconds", f"must be an integer, got {seconds!r}")
+    if effect != "NoExecute":
+        raise r.fail(f"{at}.tolerationSeconds", "is only valid with effect NoExecute")
+    return seconds
+
+
 def parse_node(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, ("v1",))
@@ -325,6 +404,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed:
             "labels": r.string_map("metadata.labels"),
             "allocatable": allocatable,
             "unschedulable": r.boolean("spec.unschedulable"),
+            "taints": parse_taints(r, "spec.taints"),
             "ready": ready,
             "ready_since": ready_since,
             "created": r.timestamp("metadata.creationTimestamp"),
@@ -347,6 +427,7 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
             "resource_name": resource,
             "units_per_device": r.integer("spec.unitsPerDevice", default=1, minimum=1),
             "node_selector": r.string_map("spec.nodeSelector"),
+            "tolerations": parse_tolerations(r, "spec.tolerations"),
             "display_name": r.string("spec.displayName", max_length=NAME_MAX),
             "created": r.timestamp("metadata.creationTimestamp"),
             "status_allocatable": r.integer("status.allocatable", default=0),
@@ -354,6 +435,25 @@ def parse_gpu_class(obj: Mapping[str, Any]) -> Parsed:
             "status_lost": r.integer("status.lost", default=0),
         },
     )
+
+
+def parse_bind_node_selector(r: _Reader, annotations: Mapping[str, str]) -> dict[str, str]:
+    """The ``gpuplane.io/bind-node-selector`` annotation: a JSON object of label -> value.
+
+    Anything else is refused naming the annotation: guessing would place the set where
+    the VMI's launcher cannot run, or nowhere.
+    """
+    raw = annotations.get(BIND_NODE_SELECTOR_ANNOTATION, "")
+    field = f"metadata.annotations[{BIND_NODE_SELECTOR_ANNOTATION}]"
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise r.fail(field, f"is not JSON: {raw[:80]!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise r.fail(field, f"must be a JSON object of label names to string values, got {raw[:80]!r}")
+    return value
 
 
 def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
@@ -368,6 +468,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
         raise r.fail("status.node", "is required when status.phase is Bound")
     if phase != "Bound" and node:
         raise r.fail("status.node", f"must be empty when status.phase is {phase}")
+    annotations = r.string_map("metadata.annotations")
     return Parsed(
         "GPU",
         namespace,
@@ -381,9 +482,10 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "reason": r.string("status.reason"),
             "bind_request": r.limited(
                 f"metadata.annotations[{BIND_REQUEST_ANNOTATION}]",
-                r.string_map("metadata.annotations").get(BIND_REQUEST_ANNOTATION, ""),
+                annotations.get(BIND_REQUEST_ANNOTATION, ""),
                 REQUEST_ID_MAX,
             ),
+            "bind_node_selector": parse_bind_node_selector(r, annotations),
             "answered_request": r.string("status.answeredRequest", max_length=REQUEST_ID_MAX),
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),

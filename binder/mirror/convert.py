@@ -41,6 +41,7 @@ def device_from(
     answered_request: str,
     answer: str,
     created: datetime | None,
+    bind_node_selector: Values | None = None,
 ) -> e.Device:
     phase_ = PHASES[phase]
     return e.Device(
@@ -56,13 +57,39 @@ def device_from(
         answered_request,
         answer,
         created,
+        dict(bind_node_selector or {}),
     )
 
 
+def tolerations_from(raw: Any) -> tuple[e.Toleration, ...]:
+    """Stored tolerations (the Kubernetes spelling the parser checked) as engine records."""
+    return tuple(
+        e.Toleration(
+            str(t.get("key") or ""),
+            str(t.get("operator") or "Equal"),
+            str(t.get("value") or ""),
+            str(t.get("effect") or ""),
+            None if t.get("tolerationSeconds") is None else int(t["tolerationSeconds"]),
+        )
+        for t in raw or ()
+    )
+
+
+def taints_from(raw: Any) -> tuple[e.Taint, ...]:
+    """Stored node taints as engine records."""
+    return tuple(e.Taint(str(t["key"]), str(t.get("value") or ""), str(t["effect"])) for t in raw or ())
+
+
 def class_from(
-    namespace: str, name: str, resource_name: str, units: int, selector: Values | None, display: str
+    namespace: str,
+    name: str,
+    resource_name: str,
+    units: int,
+    selector: Values | None,
+    display: str,
+    tolerations: list[Any] | None = None,
 ) -> e.GpuClass:
-    return e.GpuClass(name, resource_name, int(units), dict(selector or {}), display)
+    return e.GpuClass(name, resource_name, int(units), dict(selector or {}), display, tolerations_from(tolerations))
 
 
 def node_from(
@@ -73,8 +100,11 @@ def node_from(
     unschedulable: bool,
     ready: bool,
     ready_since: datetime | None,
+    taints: list[Any] | None = None,
 ) -> e.Node:
-    return e.Node(name, _ints(allocatable), dict(labels or {}), unschedulable, ready, ready_since)
+    return e.Node(
+        name, _ints(allocatable), dict(labels or {}), unschedulable, ready, ready_since, taints_from(taints)
+    )
 
 
 def budget_from(namespace: str, name: str, limits: Values | None) -> e.Budget:
@@ -114,10 +144,11 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "answered_request",
             "answer",
             "created",
+            "bind_node_selector",
         ),
     ),
-    "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name")),
-    "Node": (node_from, ("allocatable", "labels", "unschedulable", "ready", "ready_since")),
+    "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),
+    "Node": (node_from, ("allocatable", "labels", "unschedulable", "ready", "ready_since", "taints")),
     "GPUBudget": (budget_from, ("limits",)),
     "VirtualMachineInstance": (
         vmi_from,

@@ -8,6 +8,18 @@ from typing import Any
 
 from binder import models
 from tests.kube_emulator import RunningApiServer
+from tests.shapes import (
+    A10,
+    H100,
+    budget_obj,
+    class_obj,
+    gpu_obj,
+    launcher_obj,
+    namespace_obj,
+    node_obj,
+    plain_pod_obj,
+    vmi_obj,
+)
 
 GPUS = "/apis/gpuplane.io/v1alpha1"
 
@@ -24,3 +36,28 @@ def mirrored_devices() -> dict[tuple[str, str], tuple[str, str]]:
         (ns, name): (phase, node)
         for ns, name, phase, node in models.GpuDevice.objects.values_list("namespace__name", "name", "phase", "node")
     }
+
+
+def seed_cluster(server: RunningApiServer) -> None:
+    """Two tenants: t1's vm1 (2 h100 Bound on n1) with its real launcher and a pod forging
+    a launcher's owner; an order of 2 a10 in t2; a budget; three nodes."""
+    server.seed(
+        namespace_obj("t1"),
+        namespace_obj("t2"),
+        node_obj("n1", {H100: 8}),
+        node_obj("n2", {A10: 4}),
+        node_obj("n3", {H100: 8}),
+        class_obj("h100", H100),
+        class_obj("a10", A10),
+        budget_obj("t1", {"h100": 4}),
+        gpu_obj("t1", "vm1-gpu0", "h100", "vm1", phase="Bound", node="n1"),
+        gpu_obj("t1", "vm1-gpu1", "h100", "vm1", phase="Bound", node="n1"),
+        gpu_obj("t2", "vm9-gpu0", "a10", "vm9"),
+        gpu_obj("t2", "vm9-gpu1", "a10", "vm9"),
+        plain_pod_obj("t2", "trainer", A10, 1, "n2"),
+    )
+    vmi = vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {}, "n1")
+    server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
+    real_uid = server.request("GET", "/api/v1/namespaces/t1/pods/virt-launcher-vm1-real1")["metadata"]["uid"]
+    vmi["status"]["activePods"] = {real_uid: "n1"}  # the server gave the pod its uid
+    server.seed(vmi, launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))

@@ -2,7 +2,7 @@
 two-tenant cluster the tenant API, admin, schema and security tests share.
 
 Like tests/shapes.py (which builds single objects from the captures in
-../shared/fixtures/real), everything starts from a real captured object; nothing here
+tests/fixtures/kubernetes), everything starts from a real captured object; nothing here
 needs Django, so the benches and the engine-only tests use it too.
 """
 

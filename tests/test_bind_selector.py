@@ -19,10 +19,11 @@ from binder.engine import ANSWER_BOUND, ANSWER_REFUSED, Cluster, answer_pass, fu
 from binder.engine import types as e
 from binder.kube.objects import ObjectError, parse_object
 from binder.mirror.snapshot import load_objects
+from tests.cluster_mode import cluster_gpus, seed_cluster
+from tests.factories import new_vmi, review
+from tests.scheduler import launcher_for, schedulable
 from tests.shapes import A10, H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, node_obj
-from tests.test_cluster import apiserver, cluster_gpus, seed_cluster  # noqa: F401 - the fixture
-from tests.test_pin import launcher_for, schedulable
-from tests.test_webhook import allowed_patch, denied, new_vmi, post, review
+from tests.webhook_calls import allowed_patch, denied, post
 
 ZONE = "topology.kubernetes.io/zone"
 ANNOTATION = "gpuplane.io/bind-node-selector"
@@ -130,7 +131,7 @@ def test_a_selector_no_node_carries_is_denied_with_the_binders_reason(client: Cl
 
 
 @pytest.mark.django_db(transaction=True)
-def test_cluster_mode_writes_the_selector_annotation_on_the_gpu_object(apiserver: Any, client: Any) -> None:  # noqa: F811
+def test_cluster_mode_writes_the_selector_annotation_on_the_gpu_object(apiserver: Any, client: Any) -> None:
     seed_cluster(apiserver)
     sync.sync_once()
     vmi = new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"])

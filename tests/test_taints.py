@@ -20,9 +20,10 @@ from binder.engine import Cluster, Taint, Toleration, full_pass, gpu_options
 from binder.engine import types as e
 from binder.kube.objects import ObjectError, parse_object
 from binder.mirror.snapshot import load_objects
+from tests.factories import new_vmi, review
+from tests.scheduler import launcher_for, schedulable
 from tests.shapes import H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, real
-from tests.test_pin import launcher_for, schedulable
-from tests.test_webhook import allowed_patch, new_vmi, post, review
+from tests.webhook_calls import allowed_patch, post
 
 DEDICATED = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "dedicated", "effect": "NoSchedule"}
 

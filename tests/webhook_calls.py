@@ -1,6 +1,6 @@
 """Calling the VMI webhook through Django's test client, and reading its AdmissionReview
 answer the way the kube-apiserver does (envelope, uid, patch or denial shaped like the
-captured responses in ../shared/fixtures/real)."""
+captured responses in tests/fixtures/kubernetes)."""
 
 from __future__ import annotations
 

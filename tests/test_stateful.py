@@ -92,6 +92,7 @@ from binder.engine.types import (
 )
 from binder.engine.types import Settings as EngineSettings
 from binder.engine.usage import Holding, OpenRecord, holdings, reconcile_usage
+from binder.kube import client as kube_client
 from binder.mirror.read import read_cluster
 from binder.mirror.snapshot import SnapshotError, load_objects
 from binder.mirror.write import MODELS as MIRROR_MODELS
@@ -1372,9 +1373,11 @@ class DatabaseMachine(RuleBasedStateMachine):
         else:
             applied = mirror_event(kind, "MODIFIED", obj)
             assert applied.invalid == 1 and not applied.changed, applied
-            name = obj["metadata"]["name"]
-            if MIRROR_MODELS[kind].objects.filter(name=name).exists():
-                assert MIRROR_MODELS[kind].objects.filter(name=name).exclude(parse_error="").exists()
+            rows = MIRROR_MODELS[kind].objects.filter(name=obj["metadata"]["name"])
+            if kube_client.RESOURCES[kind].namespaced:
+                rows = rows.filter(namespace__name=obj["metadata"]["namespace"])
+            if rows.exists():
+                assert rows.exclude(parse_error="").exists()  # kept, marked
         assert unordered(self.cluster()) == state  # row order may change (PostgreSQL's UPDATE), nothing else
         self.run(models.PassKind.FULL)
 

@@ -93,8 +93,11 @@ from binder.engine.types import (
 )
 from binder.engine.types import Settings as EngineSettings
 from binder.engine.usage import Holding, OpenRecord, holdings, reconcile_usage
+from binder.kube import client as kube_client
 from binder.mirror.read import read_cluster
-from binder.mirror.snapshot import load_objects
+from binder.mirror.snapshot import SnapshotError, load_objects
+from binder.mirror.write import MODELS as MIRROR_MODELS
+from binder.mirror.write import mirror_event
 from binder.runtime.passes import run_pass
 from tests import shapes
 from tests.clock import Clock
@@ -1038,6 +1041,8 @@ def test_engine_machine() -> None:
 
 DB_CLASSES = {"h100": (H100, 1, {}), "h100-pair": (H100, 2, dict(POOL)), "a10": (A10, 1, {})}
 DB_TENANTS = ("team-a", "team-b")
+#: The mirrored kinds the database machine injects a malformed object of (MALFORMED below).
+MALFORMED_KINDS = ("GPU", "GPUBudget", "GPUClass", "Namespace", "Node", "Pod", "VirtualMachineInstance")
 
 
 class DatabaseMachine(RuleBasedStateMachine):
@@ -1364,6 +1369,32 @@ class DatabaseMachine(RuleBasedStateMachine):
 
     # -- passes --------------------------------------------------------------------------
 
+    @rule(dt=DT, kind=st.sampled_from(MALFORMED_KINDS), i=IDX, via_snapshot=st.booleans())
+    def malformed_object_arrives(self, dt: int, kind: str, i: int, via_snapshot: bool) -> None:
+        """A hostile tenant's (or a broken controller's) object of each kind that does not
+        parse (a NUL, a lone surrogate, a count past the columns, a bind request over 128
+        characters), for an object the mirror has or a new one (issue 16). From the cluster
+        (a watch event) it is refused and its row keeps its last good state, marked; in a
+        snapshot the whole file is refused. Either way the mirror's state is unchanged, and
+        the full pass after it runs and keeps every invariant."""
+        self.begin(dt)
+        STEPS["malformed"] += 1
+        obj = MALFORMED[kind](self, i)
+        state = unordered(self.cluster())
+        if via_snapshot:
+            with pytest.raises(SnapshotError):
+                load_objects([obj])
+        else:
+            applied = mirror_event(kind, "MODIFIED", obj)
+            assert applied.invalid == 1 and not applied.changed, applied
+            rows = MIRROR_MODELS[kind].objects.filter(name=obj["metadata"]["name"])
+            if kube_client.RESOURCES[kind].namespaced:
+                rows = rows.filter(namespace__name=obj["metadata"]["namespace"])
+            if rows.exists():
+                assert rows.exclude(parse_error="").exists()  # kept, marked
+        assert unordered(self.cluster()) == state  # row order may change (PostgreSQL's UPDATE), nothing else
+        self.run(models.PassKind.FULL)
+
     @rule(dt=DT)
     def full_pass_on_event(self, dt: int) -> None:
         self.begin(dt)
@@ -1483,11 +1514,82 @@ def limits_of(cluster: Cluster) -> Any:
     return limit
 
 
+def unordered(cluster: Cluster) -> dict[str, Any]:
+    """The cluster's fields, each collection as a sorted list (reads have no ORDER BY)."""
+    return {
+        f.name: sorted(value, key=repr) if isinstance(value := getattr(cluster, f.name), tuple | list) else value
+        for f in dataclasses.fields(cluster)
+    }
+
+
+def _existing(model: Any, i: int, fields: tuple[str, ...]) -> tuple[Any, ...] | None:
+    rows = sorted(model.objects.values_list(*fields))
+    return pick(rows, i)
+
+
+def _bad_namespace(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    return shapes.namespace_obj(pick(DB_TENANTS, i), labels={"team": "a\x00b"})
+
+
+def _bad_node(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    obj = shapes.node_obj(pick(m.node_names(), i) or m.fresh("node-"), {H100: 1})
+    obj["status"]["allocatable"][H100] = "1e5000"
+    return obj
+
+
+def _bad_class(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    obj = shapes.class_obj(pick(sorted(DB_CLASSES), i), H100)
+    obj["spec"]["unitsPerDevice"] = "3e9"
+    return obj
+
+
+def _bad_gpu(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    row = _existing(models.GpuDevice, i, ("namespace__name", "name", "class_name", "vm_name"))
+    ns, name, cls, vm = row or ("team-a", m.fresh("gpu-"), "h100", m.fresh("vm-"))
+    obj = shapes.gpu_obj(ns, name, cls, vm)
+    if i % 2:
+        obj["spec"]["vmName"] = "x\x00y"
+    else:
+        obj["metadata"].setdefault("annotations", {})["gpuplane.io/bind-request"] = "r" * 129
+    return obj
+
+
+def _bad_budget(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    obj = shapes.budget_obj(pick(DB_TENANTS, i), {})
+    obj["spec"]["limits"] = {"h100": "1e30"}
+    return obj
+
+
+def _bad_vmi(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    row = _existing(models.VirtualMachineInstance, i, ("namespace__name", "name"))
+    ns, name = row or ("team-b", m.fresh("vm-"))
+    return shapes.vmi_obj(ns, name, [], {"uid-1": "node-\ud800"}, "")
+
+
+def _bad_pod(m: DatabaseMachine, i: int) -> dict[str, Any]:
+    row = _existing(models.Pod, i, ("namespace__name", "name"))
+    ns, name = row or ("team-b", m.fresh("pod-"))
+    return shapes.plain_pod_obj(ns, name, A10, 1, "node-\x001")
+
+
+#: One malformed object per mirrored kind, for the database machine's injection rule.
+MALFORMED = {
+    "Namespace": _bad_namespace,
+    "Node": _bad_node,
+    "GPUClass": _bad_class,
+    "GPU": _bad_gpu,
+    "GPUBudget": _bad_budget,
+    "VirtualMachineInstance": _bad_vmi,
+    "Pod": _bad_pod,
+}
+assert sorted(MALFORMED) == sorted(MALFORMED_KINDS)
+
+
 @pytest.mark.django_db
 def test_database_machine(clock: Clock) -> None:
-    STEPS["db"] = 0
+    STEPS["db"] = STEPS["malformed"] = 0
     started = time.perf_counter()
     run_state_machine_as_test(lambda: DatabaseMachine(clock), settings=DB_SETTINGS)
     elapsed = time.perf_counter() - started
-    print(f"DatabaseMachine: {STEPS['db']} steps in {elapsed:.1f} s")
+    print(f"DatabaseMachine: {STEPS['db']} steps in {elapsed:.1f} s ({STEPS['malformed']} malformed objects)")
     assert STEPS["db"] >= DB_MIN_STEPS, f"only {STEPS['db']} steps ran"

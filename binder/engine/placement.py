@@ -41,9 +41,14 @@ REASON_BOUND = "bound: fullest node with room"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def full_pass(cluster: Cluster) -> PassResult:
-    """Run every step of a full pass over the whole cluster."""
-    run = _Pass(cluster)
+def full_pass(cluster: Cluster, ledger: Ledger | None = None) -> PassResult:
+    """Run every step of a full pass over the whole cluster.
+
+    ``ledger``, when given, must be ``ledger_for(cluster)`` (a worker keeps one between
+    passes instead of rebuilding it); the pass moves sets in it, so afterwards it is the
+    ledger of the result.
+    """
+    run = _Pass(cluster, ledger)
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
@@ -63,9 +68,15 @@ def full_pass(cluster: Cluster) -> PassResult:
     return run.result()
 
 
-def answer_pass(cluster: Cluster) -> PassResult:
-    """Answer unanswered bind requests, placing only the requested sets; nothing else."""
-    run = _Pass(cluster)
+def answer_pass(cluster: Cluster, ledger: Ledger | None = None) -> PassResult:
+    """Answer unanswered bind requests, placing only the requested sets; nothing else.
+
+    With ``ledger`` (the ledger of the whole cluster, moved in place), ``cluster`` needs
+    to hold only the requested sets (whole), their tenants' budgets, the nodes and the
+    classes: booked units and usage come from the ledger (SPEC §4: an answer pass reads
+    only what it needs).
+    """
+    run = _Pass(cluster, ledger)
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -130,7 +141,7 @@ def describe_units(units: Counter[str]) -> str:
 class _Pass:
     """The mutable working state of one pass."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, ledger: Ledger | None = None) -> None:
         self.now = cluster.now
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
@@ -138,7 +149,7 @@ class _Pass:
         self.node_names = sorted(self.nodes)
         self.original = {d.key: d for d in cluster.devices}
         self.budgets = cluster.budgets
-        self.ledger = ledger_for(cluster)
+        self.ledger = ledger if ledger is not None else ledger_for(cluster)
         self._set_keys = sorted({d.set_key for d in cluster.devices})
         by_ns: dict[str, list[Budget]] = defaultdict(list)
         for budget in cluster.budgets:

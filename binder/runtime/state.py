@@ -12,13 +12,14 @@ an entry applied twice, or late, leaves the same record.
 **Which entries a reader must (re-)read.** Positions come from a sequence when the writer
 inserts, not when it commits, so a reader that saw position P may later see a smaller
 position commit. The rule (PostgreSQL): a read takes, in the same statement (one
-snapshot), the highest position ``P`` and the snapshot's ``xmin`` ``X`` (the oldest
-transaction still running). Any transaction that can still commit a position below ``P``
-held its transaction id before ``P`` was taken (it wrote its mirrored row, then the
-trigger took the position), so it was running at the read and its id is at least ``X``.
-The next read therefore asks for ``position > P OR xid >= X``: it re-reads the few
-entries of transactions that were running at the last read and catches every late one;
-nothing older can appear. SQLite runs one writer at a time, so positions commit in order
+snapshot), the highest position ``P`` and the snapshot's in-progress transaction ids
+``XIP`` (``pg_snapshot_xip``). Any transaction that can still commit a position below
+``P`` held its transaction id before ``P`` was taken (it wrote its mirrored row, then the
+trigger took the position) and had not committed when the reader's snapshot was taken
+(else its entry would have been visible), so its id is in ``XIP``. The next read
+therefore asks for ``position > P OR xid IN XIP``: it catches every late commit and
+re-reads nothing else; nothing older can appear. (A transaction that had no id yet at
+the read takes positions above ``P``.) SQLite runs one writer at a time, so positions commit in order
 and ``position > P`` suffices. ``tests/test_feed.py`` proves the late commit with two
 connections.
 
@@ -117,7 +118,8 @@ class ClusterState:
         self.members: dict[SetKey, dict[str, e.Device]] = defaultdict(dict)
         self.wanting: set[SetKey] = set()
         self.position = 0
-        self.horizon: int | None = None
+        #: PostgreSQL: the transactions in progress at the last feed read (see the module doc).
+        self.horizon: tuple[int, ...] = ()
         self.last_run: tuple[int, str, int | None] | None = None
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
@@ -183,7 +185,7 @@ class ClusterState:
     def rebuild(self, reason: str) -> Catchup:
         """Read the whole mirror again (the feed cursor first, then the rows: see the module doc)."""
         self._reset(reason)
-        top, horizon, _ = self._read_feed(None, None)
+        top, horizon, _ = self._read_feed(None, ())
         catch = Catchup(view="rebuilt", reason=reason)
         self.namespaces = dict(models.Namespace.objects.values_list("id", "name"))
         catch.rows_read += len(self.namespaces)
@@ -205,37 +207,33 @@ class ClusterState:
         return catch
 
     def _read_feed(
-        self, position: int | None, horizon: int | None
-    ) -> tuple[int, int | None, list[tuple[int, str, int | None, str]]]:
-        """(highest position, snapshot xmin on PostgreSQL, entries to apply), in one snapshot."""
+        self, position: int | None, horizon: tuple[int, ...]
+    ) -> tuple[int, tuple[int, ...], list[tuple[int, str, int | None, str]]]:
+        """(highest position, transactions in progress on PostgreSQL, entries to apply), in one snapshot."""
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
-                if position is None:
-                    cursor.execute(
-                        "SELECT coalesce((SELECT max(position) FROM binder_change), 0),"
-                        " pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-                    )
-                    top, xmin = cursor.fetchone()
-                    return int(top), int(xmin), []
                 cursor.execute(
-                    "SELECT s.top, s.xmin, c.position, c.kind, c.object_id, c.op FROM"
+                    "SELECT s.top, s.xip, c.position, c.kind, c.object_id, c.op FROM"
                     " (SELECT coalesce((SELECT max(position) FROM binder_change), 0) AS top,"
-                    " pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin) AS s"
-                    " LEFT JOIN binder_change AS c ON c.position > %s OR c.xid >= %s ORDER BY c.position",
-                    [position, horizon if horizon is not None else 0],
+                    " ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x) AS xip) AS s"
+                    " LEFT JOIN binder_change AS c ON c.position > %s OR c.xid = ANY(%s::bigint[])"
+                    " ORDER BY c.position",
+                    [position if position is not None else (1 << 62), list(horizon)],
                 )
                 rows = cursor.fetchall()
-                top, xmin = int(rows[0][0]), int(rows[0][1])
-                return top, xmin, [(r[2], r[3], r[4], r[5]) for r in rows if r[2] is not None]
+                top, xip = int(rows[0][0]), tuple(int(x) for x in rows[0][1])
+                if position is None:
+                    return top, xip, []
+                return top, xip, [(r[2], r[3], r[4], r[5]) for r in rows if r[2] is not None]
             cursor.execute("SELECT coalesce(max(position), 0) FROM binder_change")
             top = int(cursor.fetchone()[0])
             if position is None:
-                return top, None, []
+                return top, (), []
             cursor.execute(
                 "SELECT position, kind, object_id, op FROM binder_change WHERE position > %s ORDER BY position",
                 [position],
             )
-            return top, None, [tuple(r) for r in cursor.fetchall()]
+            return top, (), [tuple(r) for r in cursor.fetchall()]
 
     def _apply_namespaces(self, ids: set[int], catch: Catchup) -> bool:
         """New and deleted namespaces; False when one was renamed (its rows' keys all change)."""

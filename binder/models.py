@@ -386,6 +386,7 @@ class ChangeOp(models.TextChoices):
     UPDATE = "U"
     DELETE = "D"
     TRUNCATE = "T"
+    ANCHOR = "A"
 
 
 class Change(models.Model):
@@ -399,7 +400,8 @@ class Change(models.Model):
     its tombstone here); ``xid`` is the writer's transaction id on PostgreSQL, which lets
     a reader find entries whose positions were taken before but committed after its last
     read (see ``binder.runtime.state``). A ``T`` entry with kind ``*`` records a TRUNCATE:
-    readers rebuild. The pass worker is the reader; nothing else reads or writes it.
+    readers rebuild; an ``A`` entry is a reader's anchor on an otherwise empty feed. The pass
+    worker is the reader; nothing else reads or writes it.
     """
 
     position = models.BigAutoField(primary_key=True)
@@ -409,6 +411,9 @@ class Change(models.Model):
     name = models.CharField(max_length=253, blank=True)
     op = models.CharField(max_length=1, choices=ChangeOp.choices)
     xid = models.BigIntegerField(null=True, help_text="PostgreSQL: the writer's transaction id (xid8)")
+    token = models.CharField(
+        max_length=36, blank=True, help_text="random, per entry: a reader checks its last entry is still this one"
+    )
     created = models.DateTimeField(db_default=Now())
 
     class Meta:

@@ -276,10 +276,29 @@ def test_the_state_is_rebuilt_whenever_it_cannot_be_proven_current(monkeypatch: 
     monkeypatch.undo()
     assert run_pass(models.PassKind.FULL, state).view == "rebuilt"  # the failed pass rolled back
 
-    # Feed rows at or below the worker's position may go (pruning): nothing is missed.
-    models.Change.objects.all().delete()
+    # Feed rows below the worker's position may go (pruning): nothing is missed.
+    models.Change.objects.filter(position__lt=state.position).delete()
     models.Node.objects.filter(name="n1").update(unschedulable=False)
     assert run_pass(models.PassKind.FULL, state).view == "incremental"
+    # The entry at its position gone too: it cannot prove nothing it never saw was lost.
+    models.Change.objects.filter(position__lte=state.position).delete()
+    assert run_pass(models.PassKind.FULL, state).view == "rebuilt"
+    # The sequence restarted and new entries passed the worker's position: caught by the
+    # entry at its position, which is another one now.
+    for flag in (True, False, True):
+        models.Node.objects.filter(name="n1").update(unschedulable=flag)
+    run_pass(models.PassKind.FULL, state)
+    assert state.position >= 3
+    models.Change.objects.all().delete()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ALTER SEQUENCE binder_change_position_seq RESTART WITH 1")
+        else:
+            cursor.execute("UPDATE sqlite_sequence SET seq = 0 WHERE name = 'binder_change'")
+    for flag in [False, True] * (state.position // 2 + 2):
+        models.Node.objects.filter(name="n1").update(unschedulable=flag)
+    assert top() > state.position
+    assert run_pass(models.PassKind.FULL, state).view == "rebuilt"
     # The sequence restarted (the feed reset): positions went backwards.
     models.Change.objects.all().delete()
     with connection.cursor() as cursor:
@@ -287,7 +306,7 @@ def test_the_state_is_rebuilt_whenever_it_cannot_be_proven_current(monkeypatch: 
             cursor.execute("ALTER SEQUENCE binder_change_position_seq RESTART WITH 1")
         else:
             cursor.execute("UPDATE sqlite_sequence SET seq = 0 WHERE name = 'binder_change'")
-    models.Node.objects.filter(name="n1").update(unschedulable=True)
+    models.Node.objects.filter(name="n1").update(unschedulable=False)
     assert top() == 1
     assert run_pass(models.PassKind.FULL, state).view == "rebuilt"
 

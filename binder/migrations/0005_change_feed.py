@@ -23,8 +23,8 @@ def _postgresql_sql() -> list[str]:
     100k trigger calls). An UPDATE that changed nothing in a row leaves no entry."""
     out = [
         "CREATE FUNCTION binder_feed_truncated() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-        " INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, created)"
-        " VALUES ('*', NULL, NULL, TG_TABLE_NAME, 'T', pg_current_xact_id()::text::bigint, now());"
+        " INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, token, created)"
+        " VALUES ('*', NULL, NULL, TG_TABLE_NAME, 'T', pg_current_xact_id()::text::bigint, gen_random_uuid(), now());"
         " RETURN NULL; END $$",
         "CREATE TRIGGER binder_feed_t AFTER TRUNCATE ON binder_change"
         " FOR EACH STATEMENT EXECUTE FUNCTION binder_feed_truncated()",
@@ -37,8 +37,9 @@ def _postgresql_sql() -> list[str]:
                 source = "new_rows AS r JOIN old_rows AS o ON o.id = r.id WHERE o IS DISTINCT FROM r"
             out.append(
                 f"CREATE FUNCTION binder_feed_{table}_{op.lower()}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                f" INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, created)"
-                f" SELECT '{kind}', r.id, {ns}, r.name, '{op}', pg_current_xact_id()::text::bigint, now()"
+                f" INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, token, created)"
+                f" SELECT '{kind}', r.id, {ns}, r.name, '{op}', pg_current_xact_id()::text::bigint,"
+                f" gen_random_uuid(), now()"
                 f" FROM {source} ORDER BY r.id; RETURN NULL; END $$"
             )
             old_new = "OLD TABLE AS old_rows NEW TABLE AS new_rows" if event == "UPDATE" else (
@@ -77,8 +78,9 @@ def _sqlite_sql() -> list[str]:
             ns = f"{row}.namespace_id" if namespaced else "NULL"
             out.append(
                 f"CREATE TRIGGER binder_feed_{table}_{op.lower()} AFTER {event} ON {table} FOR EACH ROW BEGIN"
-                f" INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, created)"
-                f" VALUES ('{kind}', {row}.id, {ns}, {row}.name, '{op}', NULL, CURRENT_TIMESTAMP); END"
+                f" INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, token, created)"
+                f" VALUES ('{kind}', {row}.id, {ns}, {row}.name, '{op}', NULL, lower(hex(randomblob(16))),"
+                f" CURRENT_TIMESTAMP); END"
             )
     return out
 
@@ -148,8 +150,9 @@ class Migration(migrations.Migration):
                 ('object_id', models.BigIntegerField(null=True)),
                 ('namespace_id', models.BigIntegerField(null=True)),
                 ('name', models.CharField(blank=True, max_length=253)),
-                ('op', models.CharField(choices=[('I', 'Insert'), ('U', 'Update'), ('D', 'Delete'), ('T', 'Truncate')], max_length=1)),
+                ('op', models.CharField(choices=[('I', 'Insert'), ('U', 'Update'), ('D', 'Delete'), ('T', 'Truncate'), ('A', 'Anchor')], max_length=1)),
                 ('xid', models.BigIntegerField(help_text="PostgreSQL: the writer's transaction id (xid8)", null=True)),
+                ('token', models.CharField(blank=True, help_text='random, per entry: a reader checks its last entry is still this one', max_length=36)),
                 ('created', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={

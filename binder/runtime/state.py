@@ -65,6 +65,18 @@ ENGINE_KINDS = ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance"
 _CHUNK = 5000
 
 
+@dataclass(frozen=True, slots=True)
+class FeedRead:
+    """One read of the change feed."""
+
+    top: int
+    top_mark: str
+    mark: str
+    """The token of the entry at the reader's position ("" when there is none)."""
+    xip: tuple[int, ...]
+    entries: list[tuple[int, str, int | None, str]]
+
+
 @dataclass(slots=True)
 class Catchup:
     """What bringing the state current found."""
@@ -120,6 +132,10 @@ class ClusterState:
         self.position = 0
         #: PostgreSQL: the transactions in progress at the last feed read (see the module doc).
         self.horizon: tuple[int, ...] = ()
+        #: The random token of the feed entry at ``position``: a reset feed has another there (or none).
+        self.mark = ""
+        #: The position of that entry: ``position``, or an anchor above it (see :meth:`_anchor`).
+        self.mark_at = 0
         self.last_run: tuple[int, str, int | None] | None = None
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
@@ -156,9 +172,14 @@ class ClusterState:
         reason = self._not_provable()
         if reason:
             return self.rebuild(reason)
-        top, horizon, entries = self._read_feed(self.position, self.horizon)
+        feed = self._read_feed(self.position, self.horizon, self.mark_at)
+        top, entries = feed.top, feed.entries
         if top < self.position:
             return self.rebuild(f"the change feed went backwards (position {top} < {self.position})")
+        if feed.mark != self.mark:
+            # The entry at our mark is gone or another: the feed was reset (its sequence
+            # restarted) or pruned past us, so entries we never saw may be missing.
+            return self.rebuild(f"the change feed's entry at position {self.mark_at} is gone or changed")
         if any(op == models.ChangeOp.TRUNCATE for _, _, _, op in entries):
             return self.rebuild("a mirrored table or the change feed was truncated")
         catch = Catchup(view="incremental", entries=len(entries))
@@ -171,7 +192,8 @@ class ClusterState:
         for kind in ENGINE_KINDS:
             if by_kind.get(kind):
                 self._apply(kind, by_kind[kind], catch)
-        self.position, self.horizon = max(top, self.position), horizon
+        self.position, self.horizon = top, feed.xip
+        self._remember_mark(feed)
         return catch
 
     def _not_provable(self) -> str:
@@ -185,7 +207,7 @@ class ClusterState:
     def rebuild(self, reason: str) -> Catchup:
         """Read the whole mirror again (the feed cursor first, then the rows: see the module doc)."""
         self._reset(reason)
-        top, horizon, _ = self._read_feed(None, ())
+        feed = self._read_feed(None, (), 0)
         catch = Catchup(view="rebuilt", reason=reason)
         self.namespaces = dict(models.Namespace.objects.values_list("id", "name"))
         catch.rows_read += len(self.namespaces)
@@ -200,40 +222,71 @@ class ClusterState:
                 self.device_ids = ids
                 for record in rows:
                     self._index_device(record, +1)
-        self.position, self.horizon = top, horizon
+        self.position, self.horizon = feed.top, feed.xip
+        self._remember_mark(feed)
         self.valid = True
         self.why_invalid = ""
         log.info("cluster state of %s rebuilt (%s): %d rows", self.worker, reason, catch.rows_read)
         return catch
 
-    def _read_feed(
-        self, position: int | None, horizon: tuple[int, ...]
-    ) -> tuple[int, tuple[int, ...], list[tuple[int, str, int | None, str]]]:
-        """(highest position, transactions in progress on PostgreSQL, entries to apply), in one snapshot."""
+    def _remember_mark(self, feed: FeedRead) -> None:
+        """Keep the token of the newest entry; on an empty feed write an anchor entry to keep.
+
+        Without an entry to check, a feed emptied and refilled below our position (or
+        emptied of entries we never read) would look unchanged. The anchor's position may be
+        above entries we have not read yet, so it is only the mark: reading goes on from
+        ``position``.
+        """
+        if feed.top:
+            self.mark, self.mark_at = feed.top_mark, feed.top
+            return
+        anchor = models.Change.objects.create(
+            kind="*", op=models.ChangeOp.ANCHOR, name=self.worker[:253], token=uuid.uuid4().hex
+        )
+        self.mark, self.mark_at = anchor.token, anchor.position
+
+    def _read_feed(self, position: int | None, horizon: tuple[int, ...], mark_at: int) -> FeedRead:
+        """The feed's top, the entries to apply and, on PostgreSQL, the transactions in
+        progress: one statement, so one snapshot."""
+        at = position if position is not None else -1
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
+                mark = "token"
                 cursor.execute(
-                    "SELECT s.top, s.xip, c.position, c.kind, c.object_id, c.op FROM"
+                    f"SELECT s.top, s.top_mark, s.mark, s.xip, c.position, c.kind, c.object_id, c.op FROM"  # noqa: S608 - constant SQL
                     " (SELECT coalesce((SELECT max(position) FROM binder_change), 0) AS top,"
+                    f" (SELECT {mark} FROM binder_change ORDER BY position DESC LIMIT 1) AS top_mark,"
+                    f" (SELECT {mark} FROM binder_change WHERE position = %s) AS mark,"
                     " ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x) AS xip) AS s"
-                    " LEFT JOIN binder_change AS c ON c.position > %s OR c.xid = ANY(%s::bigint[])"
+                    " LEFT JOIN binder_change AS c ON (c.position > %s OR c.xid = ANY(%s::bigint[])) AND %s"
                     " ORDER BY c.position",
-                    [position if position is not None else (1 << 62), list(horizon)],
+                    [mark_at, at, list(horizon), position is not None],
                 )
                 rows = cursor.fetchall()
-                top, xip = int(rows[0][0]), tuple(int(x) for x in rows[0][1])
-                if position is None:
-                    return top, xip, []
-                return top, xip, [(r[2], r[3], r[4], r[5]) for r in rows if r[2] is not None]
-            cursor.execute("SELECT coalesce(max(position), 0) FROM binder_change")
-            top = int(cursor.fetchone()[0])
-            if position is None:
-                return top, (), []
+                first = rows[0]
+                return FeedRead(
+                    top=int(first[0]),
+                    top_mark=first[1] or "",
+                    mark=first[2] or "",
+                    xip=tuple(int(x) for x in first[3]),
+                    entries=[(r[4], r[5], r[6], r[7]) for r in rows if r[4] is not None],
+                )
+            mark = "token"
             cursor.execute(
-                "SELECT position, kind, object_id, op FROM binder_change WHERE position > %s ORDER BY position",
-                [position],
+                f"SELECT coalesce((SELECT max(position) FROM binder_change), 0),"  # noqa: S608 - constant SQL
+                f" (SELECT {mark} FROM binder_change ORDER BY position DESC LIMIT 1),"
+                f" (SELECT {mark} FROM binder_change WHERE position = %s)",
+                [mark_at],
             )
-            return top, (), [tuple(r) for r in cursor.fetchall()]
+            top, top_mark, found = cursor.fetchone()
+            entries: list[tuple[int, str, int | None, str]] = []
+            if position is not None:
+                cursor.execute(
+                    "SELECT position, kind, object_id, op FROM binder_change WHERE position > %s ORDER BY position",
+                    [position],
+                )
+                entries = [tuple(r) for r in cursor.fetchall()]
+            return FeedRead(top=int(top), top_mark=top_mark or "", mark=found or "", xip=(), entries=entries)
 
     def _apply_namespaces(self, ids: set[int], catch: Catchup) -> bool:
         """New and deleted namespaces; False when one was renamed (its rows' keys all change)."""
@@ -438,6 +491,8 @@ class ClusterState:
             "wanting",
             "position",
             "horizon",
+            "mark",
+            "mark_at",
             "_tuples",
             "_ledger",
             "_deadlines",

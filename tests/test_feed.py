@@ -15,6 +15,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -373,3 +376,18 @@ def test_run_pass_repeat_prints_one_json_line_per_pass() -> None:
         assert {"duration_ms", "devices_seen", "rows_read", "dirty_sets"} <= set(line)
         assert line["devices_seen"] == 2
     assert lines[-1]["view"] == "unchanged" and lines[-1]["rows_read"] == 0
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1"])
+def test_a_bad_verify_period_stops_start_up_naming_the_variable(raw: str) -> None:
+    env = {**os.environ, "GPUPLANE_VERIFY_SECONDS": raw, "DJANGO_SETTINGS_MODULE": "gpuplane.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"GPUPLANE_VERIFY_SECONDS={raw!r}" in done.stderr

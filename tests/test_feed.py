@@ -391,3 +391,16 @@ def test_a_bad_verify_period_stops_start_up_naming_the_variable(raw: str) -> Non
     )
     assert done.returncode != 0
     assert f"GPUPLANE_VERIFY_SECONDS={raw!r}" in done.stderr
+
+
+@pytest.mark.django_db
+def test_a_full_pass_prunes_the_entries_it_applied_and_keeps_its_mark() -> None:
+    load_objects(small())
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    models.Node.objects.filter(name="n1").update(unschedulable=True)
+    run_pass(models.PassKind.FULL, state)
+    assert not models.Change.objects.filter(position__lt=state.position).exists()
+    assert models.Change.objects.filter(position=state.mark_at, token=state.mark).exists()
+    models.Node.objects.filter(name="n1").update(unschedulable=False)
+    assert run_pass(models.PassKind.FULL, state).view == "incremental"  # pruning broke nothing

@@ -85,6 +85,8 @@ def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
                 result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
                 snapshot, ids = state.cluster(now, options), state.device_ids
                 run.feed_position = state.position
+                # A mismatch means the feed's list of changed subjects cannot be trusted either.
+                catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
         run.devices_seen = len(snapshot.devices)
@@ -100,6 +102,8 @@ def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
             subjects = state.usage_subjects(catch, result) if catch is not None else None
             written = record_usage(run.pk, now, snapshot, result.devices, subjects)
             run.records_opened, run.records_closed = written.opened, written.closed
+            if catch is not None:
+                state.prune()
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()

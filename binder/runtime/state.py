@@ -136,6 +136,8 @@ class ClusterState:
         self.mark = ""
         #: The position of that entry: ``position``, or an anchor above it (see :meth:`_anchor`).
         self.mark_at = 0
+        #: Feed entries below this position were deleted by :meth:`prune`.
+        self.pruned = 0
         self.last_run: tuple[int, str, int | None] | None = None
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
@@ -448,6 +450,25 @@ class ClusterState:
                 n.ready_since + grace for n in self.records["Node"].values() if not n.ready and n.ready_since
             )
         return self._deadlines
+
+    def prune(self) -> int:
+        """Delete the feed entries this worker has applied (in the pass's transaction).
+
+        Kept: entries at or above ``position`` (the entry at the mark among them) and those
+        of transactions that were in progress at the last read (they may still commit
+        below it, see the module doc). Another worker loses nothing it needs: the pass it
+        did not follow makes it rebuild anyway.
+        """
+        if self.position <= self.pruned:
+            return 0
+        deleted, _ = (
+            models.Change.objects.filter(position__lt=self.position)
+            .exclude(xid__in=self.horizon)
+            .exclude(position=self.mark_at)
+            .delete()
+        )
+        self.pruned = self.position
+        return deleted
 
     # -- after the pass ----------------------------------------------------------------------
 

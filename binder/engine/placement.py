@@ -41,14 +41,19 @@ REASON_BOUND = "bound: fullest node with room"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def full_pass(cluster: Cluster, ledger: Ledger | None = None) -> PassResult:
+#: Nodes that may take new units, per set of class names (see ``_Pass.eligible_nodes``).
+Eligible = dict[frozenset[str], frozenset[str]]
+
+
+def full_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
     """Run every step of a full pass over the whole cluster.
 
     ``ledger``, when given, must be ``ledger_for(cluster)`` (a worker keeps one between
     passes instead of rebuilding it); the pass moves sets in it, so afterwards it is the
-    ledger of the result.
+    ledger of the result. ``eligible``, when given, is a cache the caller keeps between
+    passes and empties whenever a node or a class changes (eligibility reads nothing else).
     """
-    run = _Pass(cluster, ledger)
+    run = _Pass(cluster, ledger, eligible)
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
@@ -68,15 +73,15 @@ def full_pass(cluster: Cluster, ledger: Ledger | None = None) -> PassResult:
     return run.result()
 
 
-def answer_pass(cluster: Cluster, ledger: Ledger | None = None) -> PassResult:
+def answer_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
     """Answer unanswered bind requests, placing only the requested sets; nothing else.
 
     With ``ledger`` (the ledger of the whole cluster, moved in place), ``cluster`` needs
     to hold only the requested sets (whole), their tenants' budgets, the nodes and the
     classes: booked units and usage come from the ledger (SPEC §4: an answer pass reads
-    only what it needs).
+    only what it needs). ``eligible`` as for :func:`full_pass`.
     """
-    run = _Pass(cluster, ledger)
+    run = _Pass(cluster, ledger, eligible)
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -141,7 +146,7 @@ def describe_units(units: Counter[str]) -> str:
 class _Pass:
     """The mutable working state of one pass."""
 
-    def __init__(self, cluster: Cluster, ledger: Ledger | None = None) -> None:
+    def __init__(self, cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> None:
         self.now = cluster.now
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
@@ -156,7 +161,7 @@ class _Pass:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
-        self._eligible: dict[frozenset[str], frozenset[str]] = {}
+        self._eligible: Eligible = eligible if eligible is not None else {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).

@@ -155,11 +155,11 @@ def _decide(
     answer pass gives the engine only the requested sets and the ledger of everything.
     """
     if kind == models.PassKind.ANSWER:
-        return ENGINES[kind](state.requested(now, options), state.ledger()), True, False
+        return ENGINES[kind](state.requested(now, options), state.ledger(), state.eligible), True, False
     same = state.unchanged_since_last_full_pass(catch, now, options)
     if same is not None:
         return same, False, True
-    return ENGINES[kind](state.cluster(now, options), state.ledger()), True, False
+    return ENGINES[kind](state.cluster(now, options), state.ledger(), state.eligible), True, False
 
 
 def _verification_due(state: ClusterState) -> bool:

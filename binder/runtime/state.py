@@ -54,6 +54,7 @@ from django.db import connection
 from binder import models
 from binder.engine import Ledger, PassResult, build_ledger
 from binder.engine import types as e
+from binder.engine.placement import Eligible
 from binder.engine.usage import Subjects
 from binder.mirror.read import KINDS, read_rows
 
@@ -142,6 +143,8 @@ class ClusterState:
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
         self._deadlines: list[datetime] | None = None
+        #: The engine's eligible-nodes cache, kept while no node or class changes.
+        self.eligible: Eligible = {}
         #: What answer passes found and wrote since the last full pass.
         self.pending = Catchup(view="incremental")
         #: What the last full pass computed, for the "nothing changed" rule.
@@ -335,11 +338,17 @@ class ClusterState:
             if kind == "GPU":
                 self._replace_device(object_id, old, new)
         if changed:
-            self._tuples.pop(kind, None)
-            if kind == "Node":
-                self._deadlines = None
-            if kind not in ("GPU", "GPUBudget"):
-                self._ledger = None  # nodes, classes, pods, VMIs: rebuilt from memory when next needed
+            self._changed(kind)
+
+    def _changed(self, kind: str) -> None:
+        """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
+        self._tuples.pop(kind, None)
+        if kind == "Node":
+            self._deadlines = None
+        if kind in ("Node", "GPUClass"):
+            self.eligible = {}
+        if kind not in ("GPU", "GPUBudget"):
+            self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
 
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
         if old is not None:
@@ -517,6 +526,7 @@ class ClusterState:
             "_tuples",
             "_ledger",
             "_deadlines",
+            "eligible",
         ):
             setattr(self, name, getattr(other, name))
         self.last_full = None

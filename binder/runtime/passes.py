@@ -77,13 +77,15 @@ def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
             catch = state.catch_up(kind)
             run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
             run.dirty_sets = len(catch.dirty_sets)
-            snapshot, ids = state.cluster(now, options), state.device_ids
+            # What the pass saw: the whole state for a full pass (the usage step reads its
+            # classes and pods), only the requested sets for an answer pass (SPEC §4).
+            snapshot, ids = _view(kind, state, now, options), state.device_ids
             result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
             if unchanged:
                 run.view = "unchanged"
             if catch.view != "rebuilt" and _verification_due(state):
                 result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
-                snapshot, ids = state.cluster(now, options), state.device_ids
+                snapshot, ids = _view(kind, state, now, options), state.device_ids
                 run.feed_position = state.position
                 # A mismatch means the feed's list of changed subjects cannot be trusted either.
                 catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
@@ -142,6 +144,12 @@ def _rows(snapshot: e.Cluster) -> int:
         len(part)
         for part in (snapshot.classes, snapshot.nodes, snapshot.devices, snapshot.budgets, snapshot.vmis, snapshot.pods)
     )
+
+
+def _view(kind: str, state: ClusterState, now: datetime, options: e.Settings) -> e.Cluster:
+    if kind == models.PassKind.ANSWER:
+        return state.requested(now, options)
+    return state.cluster(now, options)
 
 
 def _decide(

@@ -130,8 +130,15 @@ class DatabaseCollector(Collector):
                 passes=Count("id"),
                 **{f"sum_{o}": Sum(o) for o in OUTCOMES},
                 **_bucket_counts("duration_ms", PASS_BUCKETS_MS),
+                mismatches=Sum("verify_mismatches"),
             )
         }
+        mismatches = CounterMetricFamily(
+            "gpuplane_verify_mismatches",
+            "Differences a verification found between the worker's incremental view and pass and a "
+            "rebuild from scratch (SPEC §4 Freshness); anything above 0 is a bug, logged with the objects.",
+        )
+        mismatches.add_metric([], sum(row.get("mismatches") or 0 for row in rows.values()))
         passes = CounterMetricFamily(
             "gpuplane_passes", "Binder passes run (committed), by kind (full or answer).", labels=["kind"]
         )
@@ -155,6 +162,7 @@ class DatabaseCollector(Collector):
         yield passes
         yield outcomes
         yield duration
+        yield mismatches
 
     def answer_metrics(self) -> Iterator[Metric]:
         """Answered bind requests and how long the webhook waited: one GROUP BY allowed query."""

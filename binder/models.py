@@ -13,6 +13,7 @@ from typing import Self, TypeVar
 
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models.functions import Now
 
 from binder.engine import types as engine
 
@@ -300,6 +301,20 @@ class PassRun(models.Model):
         default=0, help_text="cluster mode: status writes the API server refused (left for the next pass)"
     )
     finalizers_released = models.IntegerField(default=0, help_text="cluster mode: finalizers removed after release")
+    worker = models.CharField(
+        max_length=128, blank=True, help_text="the worker incarnation that ran the pass (host:pid:token)"
+    )
+    feed_position = models.BigIntegerField(
+        null=True, blank=True, help_text="the change-feed position the pass's view was current to"
+    )
+    view = models.CharField(
+        max_length=16, blank=True, help_text="how the view was brought current: rebuilt, incremental or full-read"
+    )
+    rows_read = models.IntegerField(default=0, help_text="mirror rows read from the database for the view")
+    dirty_sets = models.IntegerField(default=0, help_text="sets whose inputs changed since the previous pass")
+    verify_mismatches = models.IntegerField(
+        null=True, blank=True, help_text="verification: differences found (None: the pass did not verify)"
+    )
 
     class Meta:
         ordering = ["-started"]
@@ -406,3 +421,47 @@ class SyncStatus(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.resource_version or '-'}"
+
+
+class ChangeOp(models.TextChoices):
+    INSERT = "I"
+    UPDATE = "U"
+    DELETE = "D"
+    TRUNCATE = "T"
+    ANCHOR = "A"
+
+
+class Change(models.Model):
+    """One entry of the change feed (SPEC §4 Freshness): a mirrored row was inserted,
+    updated or deleted.
+
+    Written by database triggers (migration 0005) in the writer's own transaction, so no
+    write path (the ORM, bulk updates, raw SQL, the admin, ``load_snapshot``, the sync,
+    the pass itself) can change a mirrored row without leaving an entry. ``position`` is
+    the one ordered sequence; ``object_id`` is the row's primary key (a delete leaves
+    its tombstone here); ``xid`` is the writer's transaction id on PostgreSQL, which lets
+    a reader find entries whose positions were taken before but committed after its last
+    read (see ``binder.runtime.state``). A ``T`` entry with kind ``*`` records a TRUNCATE:
+    readers rebuild; an ``A`` entry is a reader's anchor on an otherwise empty feed. The pass
+    worker is the reader; nothing else reads or writes it.
+    """
+
+    position = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=32)
+    object_id = models.BigIntegerField(null=True)
+    namespace_id = models.BigIntegerField(null=True)
+    name = models.CharField(max_length=253, blank=True)
+    op = models.CharField(max_length=1, choices=ChangeOp.choices)
+    xid = models.BigIntegerField(null=True, help_text="PostgreSQL: the writer's transaction id (xid8)")
+    token = models.CharField(
+        max_length=36, blank=True, help_text="random, per entry: a reader checks its last entry is still this one"
+    )
+    created = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "binder_change"
+        ordering = ["position"]
+        indexes = [models.Index(fields=["xid"], name="change_xid_idx")]
+
+    def __str__(self) -> str:
+        return f"#{self.position} {self.op} {self.kind} {self.object_id}"

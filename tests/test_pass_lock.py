@@ -14,6 +14,7 @@ from binder.mirror.snapshot import load_objects
 from binder.models import PassKind, PassRun
 from binder.runtime import passes
 from binder.runtime.locking import pass_lock
+from binder.runtime.state import ClusterState
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 
 
@@ -33,10 +34,10 @@ def test_concurrent_passes_never_overlap_and_never_book_a_unit_twice(monkeypatch
     )
     spans: list[tuple[float, float]] = []
 
-    def slow_full_pass(cluster: Any) -> Any:
+    def slow_full_pass(cluster: Any, ledger: Any = None, eligible: Any = None) -> Any:
         start = time.monotonic()
         time.sleep(0.2)
-        result = full_pass(cluster)
+        result = full_pass(cluster, ledger, eligible)
         spans.append((start, time.monotonic()))
         return result
 
@@ -44,8 +45,10 @@ def test_concurrent_passes_never_overlap_and_never_book_a_unit_twice(monkeypatch
     errors: list[BaseException] = []
 
     def worker() -> None:
+        # Each thread is its own worker (its own in-memory state, as separate processes
+        # are): only the database lock keeps their passes apart.
         try:
-            passes.run_pass(PassKind.FULL)
+            passes.run_pass(PassKind.FULL, ClusterState())
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:

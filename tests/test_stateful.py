@@ -56,6 +56,12 @@ own ``mirror_view``/``decide`` and bind-request write, usage records in the data
 GPU-hours from ``usage.queries.gpu_hours`` (and, after each full pass, the tenant usage
 API's ``current_usage`` against the test's own accounting). Each example runs inside a savepoint that is
 rolled back (usage records can be neither deleted nor updated once closed).
+Passes run on two workers, each with its in-memory state (issue 14), that take turns
+(``workers_take_turns``); the feed is reset (``feed_reset``) and devices are deleted and
+created again under the same name (``device_recreated``). Side by side with every pass,
+the from-scratch engine runs on a fresh read of the same database: the pass must write
+exactly its devices and decisions, the worker's records and ledger must equal a rebuild,
+and every other pass also runs the worker's own verification, which must find nothing.
 ``DB_EXAMPLES`` x ``DB_STEPS`` = 20 x 25 = 500 steps at most (440 to 530 counted in practice:
 initialisation counts too), 7 to 9 s on SQLite and on PostgreSQL; fails below 300.
 """
@@ -71,12 +77,14 @@ from typing import Any, NamedTuple
 
 import jsonpatch
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test import override_settings
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from binder import models
+from binder.engine.accounting import Ledger
 from binder.engine.launcher import launcher_of, raw_usage
 from binder.engine.placement import answer_pass, full_pass
 from binder.engine.types import (
@@ -99,6 +107,7 @@ from binder.mirror.snapshot import SnapshotError, load_objects
 from binder.mirror.write import MODELS as MIRROR_MODELS
 from binder.mirror.write import mirror_event
 from binder.runtime.passes import run_pass
+from binder.runtime.state import ClusterState, compare_records
 from tests import shapes
 from tests.clock import Clock
 from tests.engine_invariants import (
@@ -1064,6 +1073,11 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.running: dict[SetKey, tuple[str, str]] = {}  # set -> (launcher uid, node)
         self.since_full = 0  # steps since the last full pass
         self.split = False  # an edit moved a device into another set; the next full pass gathers it
+        # Two pass workers, each with its in-memory state (issue 14), taking turns; every
+        # other pass of a worker also runs its verification (from scratch, compared).
+        self.workers = (ClusterState(), ClusterState())
+        self.turn = 0
+        self.passes = 0
         objects: list[dict[str, Any]] = [shapes.namespace_obj(ns) for ns in DB_TENANTS]
         objects += [shapes.class_obj(name, r, u, s) for name, (r, u, s) in DB_CLASSES.items()]
         load_objects(objects)
@@ -1410,10 +1424,50 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.begin(dt)
         self.run(models.PassKind.ANSWER)
 
+    # -- the incremental worker's own steps (issue 14) --------------------------------------
+
+    @rule(dt=DT)
+    def workers_take_turns(self, dt: int) -> None:
+        """The other worker runs the next pass: it must rebuild, and so must this one after it."""
+        self.begin(dt)
+        self.turn ^= 1
+
+    @rule(dt=DT)
+    def feed_reset(self, dt: int) -> None:
+        """The change feed starts again from position 1: every worker must read everything again."""
+        self.begin(dt)
+        models.Change.objects.all().delete()
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("ALTER SEQUENCE binder_change_position_seq RESTART WITH 1")
+            else:
+                cursor.execute("UPDATE sqlite_sequence SET seq = 0 WHERE name = 'binder_change'")
+
+    @rule(dt=DT, s=IDX, m=IDX, c=IDX, vm=st.booleans())
+    def device_recreated(self, dt: int, s: int, m: int, c: int, vm: bool) -> None:
+        """A device deleted and created again under the same name (a new row), maybe for a
+        new VM or class: the worker must not confuse the new object with the old one."""
+        self.begin(dt)
+        key = pick(self.set_keys(), s)
+        if key is None:
+            return
+        device = pick(list(models.GpuDevice.objects.filter(namespace__name=key[0], vm_name=key[1]).order_by("name")), m)
+        device.delete()
+        now = stamp(self.clock.now)
+        vm_name = self.fresh("vm-") if vm else key[1]
+        load_objects([shapes.gpu_obj(key[0], device.name, pick(sorted(DB_CLASSES), c), vm_name, created=now)])
+
     def run(self, kind: str) -> None:
         before = self.cluster()
-        run_pass(kind)
+        # The from-scratch path, side by side: the engine on a fresh read of the same database.
+        scratch = (full_pass if kind == models.PassKind.FULL else answer_pass)(before)
+        worker = self.workers[self.turn]
+        self.passes += 1
+        with override_settings(GPUPLANE_VERIFY_SECONDS=0 if self.passes % 2 else 10**9):
+            pass_run = run_pass(kind, worker)
         after = self.cluster()
+        problems = self.side_by_side(worker, pass_run, before, after, scratch)
+        assert not problems, "\n".join(problems)
         self.kind = kind
         if kind == models.PassKind.FULL:
             self.since_full = 0
@@ -1449,6 +1503,34 @@ class DatabaseMachine(RuleBasedStateMachine):
             problems += grown_over_allocatable(before.devices, after.devices, classes, allocatable)
         assert not problems, "\n".join(problems)
         self.conclude_calls()
+
+    def side_by_side(
+        self, worker: ClusterState, pass_run: models.PassRun, before: Cluster, after: Cluster, scratch: PassResult
+    ) -> list[str]:
+        """The incremental pass decided exactly what the from-scratch engine did, and the
+        worker's state (records and ledger) is exactly a rebuild of the database's."""
+        problems = []
+        if pass_run.verify_mismatches:
+            problems.append(f"verification found {pass_run.verify_mismatches} differences")
+        want = {d.key: d for d in before.devices} | {d.key: d for d in scratch.devices}
+        got = {d.key: d for d in after.devices}
+        problems += [f"device {k}: pass {got.get(k)} != from scratch {want.get(k)}"
+                     for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]  # fmt: skip
+        decisions = Counter(
+            models.Decision.objects.filter(pass_run=pass_run).values_list(
+                "namespace", "device_name", "vm_name", "from_phase", "from_node", "to_phase", "to_node", "reason"
+            )
+        )
+        expected = Counter((c.namespace, c.name, c.vm_name, c.from_phase.value, c.from_node, c.to_phase.value,
+                            c.to_node, c.reason) for c in scratch.changes)  # fmt: skip
+        if decisions != expected:
+            problems.append(f"decisions: pass {decisions} != from scratch {expected}")
+        rebuilt = ClusterState()
+        rebuilt.rebuild("side by side")
+        problems += compare_records(worker, rebuilt)
+        if ledger_view(worker.ledger()) != ledger_view(rebuilt.ledger()):
+            problems.append(f"ledger: worker {ledger_view(worker.ledger())} != rebuilt {ledger_view(rebuilt.ledger())}")
+        return problems
 
     # -- invariants after every step -----------------------------------------------------
 
@@ -1493,6 +1575,13 @@ class DatabaseMachine(RuleBasedStateMachine):
 
 def records() -> list[dict[str, Any]]:
     return list(UsageRecord.objects.order_by("id").values())
+
+
+def ledger_view(ledger: Ledger) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """Booked units per node and used units per tenant, zero entries dropped."""
+    booked = {n: {r: u for r, u in sorted(c.items()) if u} for n, c in sorted(ledger.booked.items())}
+    used = {ns: {k: u for k, u in sorted(c.items()) if u} for ns, c in sorted(ledger.used.items())}
+    return ({n: c for n, c in booked.items() if c}, {ns: c for ns, c in used.items() if c})
 
 
 def holding_of_row(row: Mapping[str, Any]) -> Held:

@@ -78,6 +78,8 @@ class Worker:
             "GPUPLANE_VAR_DIR": str(log.parent),
             "GPUPLANE_AUTO_PASS": "false",
             "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
+            # Every pass on the worker's in-memory state is verified against a rebuild (issue 14).
+            "GPUPLANE_VERIFY_SECONDS": "0",
             **(extra_env or {}),
         }
         self.log = log

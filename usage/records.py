@@ -25,8 +25,10 @@ from binder.engine.usage import (
     OpenRecord,
     RecordPhase,
     SubjectKind,
+    Subjects,
     UsagePlan,
     holdings,
+    pod_holdings,
     reconcile_usage,
     requests_raw_gpu,
 )
@@ -128,19 +130,73 @@ def current_holdings(cluster: e.Cluster, changed: Iterable[e.Device] = ()) -> tu
 def open_records() -> list[OpenRecord]:
     """Every open record, as the engine compares them."""
     rows = UsageRecord.objects.open().order_by().values_list("id", *HOLDING_COLUMNS)
-    found = []
-    for row in rows.iterator(chunk_size=10000):
-        record_id, namespace, kind, subject, uid, key, resource, units, node, phase, vm = row
-        holding = Holding(
-            namespace, _SUBJECT_KINDS[kind], subject, uid, key, resource, units, node, _RECORD_PHASES[phase], vm
-        )
-        found.append(OpenRecord(record_id, holding))
+    return [_open_record(row) for row in rows.iterator(chunk_size=10000)]
+
+
+def _open_record(row: tuple[object, ...]) -> OpenRecord:
+    record_id, namespace, kind, subject, uid, key, resource, units, node, phase, vm = row
+    holding = Holding(
+        str(namespace),
+        _SUBJECT_KINDS[str(kind)],
+        str(subject),
+        str(uid),
+        str(key),
+        str(resource),
+        int(units),  # type: ignore[call-overload]
+        str(node),
+        _RECORD_PHASES[str(phase)],
+        str(vm),
+    )
+    return OpenRecord(int(record_id), holding)  # type: ignore[call-overload]
+
+
+def open_records_of(subjects: Subjects) -> list[OpenRecord]:
+    """The open records of just ``subjects`` (by namespace, kind and name: ``usage_subject_idx``)."""
+    found: list[OpenRecord] = []
+    for kind, keys in ((SubjectKind.GPU, subjects.device_keys), (SubjectKind.POD, subjects.pod_keys)):
+        by_ns: dict[str, set[str]] = {}
+        for namespace, name in keys:
+            by_ns.setdefault(namespace, set()).add(name)
+        for namespace, names in sorted(by_ns.items()):
+            ordered = sorted(names)
+            for i in range(0, len(ordered), _CHUNK):
+                rows = (
+                    UsageRecord.objects.open()
+                    .filter(namespace=namespace, subject_kind=kind.value, subject__in=ordered[i : i + _CHUNK])
+                    .order_by()
+                    .values_list("id", *HOLDING_COLUMNS)
+                )
+                found.extend(_open_record(row) for row in rows)
     return found
 
 
-def record_usage(pass_id: int, now: datetime, cluster: e.Cluster, changed: Iterable[e.Device]) -> UsageWrite:
-    """Close and open records so that exactly the current holdings are open (at ``now``)."""
-    plan = reconcile_usage(open_records(), current_holdings(cluster, changed))
+def subject_holdings(cluster: e.Cluster, subjects: Subjects) -> tuple[Holding, ...]:
+    """What ``subjects`` hold after the pass (pods' VMIs read fresh, as for a full reconciliation)."""
+    classes = {c.name: c for c in cluster.classes}
+    return holdings(subjects.devices, (), classes, lookup({})) + tuple(
+        pod_holdings(subjects.pods, subjects.set_devices, classes, lookup(fresh_vmis(subjects.pods)))
+    )
+
+
+def record_usage(
+    pass_id: int,
+    now: datetime,
+    cluster: e.Cluster,
+    changed: Iterable[e.Device],
+    subjects: Subjects | None = None,
+) -> UsageWrite:
+    """Close and open records so that exactly the current holdings are open (at ``now``).
+
+    With ``subjects`` (the worker knows what changed since its last pass) only their
+    records are read and reconciled: the others cannot have changed (issue 14). Without
+    them, or when they ask for everything, every open record is compared.
+    """
+    if subjects is not None and not subjects.everything:
+        if not subjects.device_keys and not subjects.pod_keys:
+            return UsageWrite()
+        plan = reconcile_usage(open_records_of(subjects), subject_holdings(cluster, subjects))
+    else:
+        plan = reconcile_usage(open_records(), current_holdings(cluster, changed))
     if plan:
         write_plan(plan, pass_id, now)
     return UsageWrite(opened=len(plan.open), closed=len(plan.close))

@@ -41,9 +41,19 @@ REASON_BOUND = "bound: fullest node with room"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def full_pass(cluster: Cluster) -> PassResult:
-    """Run every step of a full pass over the whole cluster."""
-    run = _Pass(cluster)
+#: Nodes that may take new units, per set of class names (see ``_Pass.eligible_nodes``).
+Eligible = dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]]
+
+
+def full_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
+    """Run every step of a full pass over the whole cluster.
+
+    ``ledger``, when given, must be ``ledger_for(cluster)`` (a worker keeps one between
+    passes instead of rebuilding it); the pass moves sets in it, so afterwards it is the
+    ledger of the result. ``eligible``, when given, is a cache the caller keeps between
+    passes and empties whenever a node or a class changes (eligibility reads nothing else).
+    """
+    run = _Pass(cluster, ledger, eligible)
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
@@ -63,9 +73,15 @@ def full_pass(cluster: Cluster) -> PassResult:
     return run.result()
 
 
-def answer_pass(cluster: Cluster) -> PassResult:
-    """Answer unanswered bind requests, placing only the requested sets; nothing else."""
-    run = _Pass(cluster)
+def answer_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
+    """Answer unanswered bind requests, placing only the requested sets; nothing else.
+
+    With ``ledger`` (the ledger of the whole cluster, moved in place), ``cluster`` needs
+    to hold only the requested sets (whole), their tenants' budgets, the nodes and the
+    classes: booked units and usage come from the ledger (SPEC §4: an answer pass reads
+    only what it needs). ``eligible`` as for :func:`full_pass`.
+    """
+    run = _Pass(cluster, ledger, eligible)
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -178,7 +194,7 @@ def describe_units(units: Counter[str]) -> str:
 class _Pass:
     """The mutable working state of one pass."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> None:
         self.now = cluster.now
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
@@ -186,14 +202,14 @@ class _Pass:
         self.node_names = sorted(self.nodes)
         self.original = {d.key: d for d in cluster.devices}
         self.budgets = cluster.budgets
-        self.ledger = ledger_for(cluster)
+        self.ledger = ledger if ledger is not None else ledger_for(cluster)
         self._set_keys = sorted({d.set_key for d in cluster.devices})
         by_ns: dict[str, list[Budget]] = defaultdict(list)
         for budget in cluster.budgets:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
-        self._eligible: dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]] = {}
+        self._eligible: Eligible = eligible if eligible is not None else {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).

@@ -89,6 +89,25 @@ class UsagePlan:
         return bool(self.close or self.open)
 
 
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """The subjects whose usage records a pass reconciles when it knows what changed.
+
+    ``device_keys`` and ``pod_keys`` are (namespace, name) of every subject to reconcile,
+    deleted ones included (their open records close); ``devices`` and ``pods`` the ones
+    that still exist, as they stand after the pass; ``set_devices`` the post-pass devices
+    of the sets those pods may launch for (a launcher's raw usage is its requests minus
+    what its set holds). ``everything`` asks for a full reconciliation.
+    """
+
+    device_keys: frozenset[tuple[str, str]] = frozenset()
+    pod_keys: frozenset[tuple[str, str]] = frozenset()
+    devices: tuple[Device, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    set_devices: tuple[Device, ...] = ()
+    everything: bool = False
+
+
 def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) -> list[Holding]:
     """Holdings of devices: every Bound or Lost device of an existing class.
 

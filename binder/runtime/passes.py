@@ -15,6 +15,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -24,10 +25,11 @@ from psycopg.types.json import Jsonb
 from binder import apiserver, models
 from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from binder.engine import types as e
-from binder.mirror.read import read_cluster
+from binder.mirror.read import engine_settings, read_cluster
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.locking import pass_lock
+from binder.runtime.state import STATE, Catchup, ClusterState, compare_records, compare_results
 from usage.records import record_usage
 
 log = logging.getLogger(__name__)
@@ -35,26 +37,62 @@ log = logging.getLogger(__name__)
 #: The fields a pass may write on a device.
 PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer")
 
-ENGINES: dict[str, Callable[[e.Cluster], PassResult]] = {
+ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,
     models.PassKind.ANSWER: answer_pass,
 }
 
 
-def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
-    """Run one pass of ``kind`` (``full`` or ``answer``) and return its record."""
-    engine = ENGINES[kind]
+def run_pass(kind: str = models.PassKind.FULL, state: ClusterState | None = None) -> models.PassRun:
+    """Run one pass of ``kind`` (``full`` or ``answer``) and return its record.
+
+    ``state`` is the worker's in-memory view (default: this process's); any failure drops
+    it, so the next pass reads everything again (SPEC §4 Freshness).
+    """
+    state = state if state is not None else STATE
+    with state.lock:
+        try:
+            return _run_pass(kind, state)
+        except BaseException:
+            state.invalidate("the previous pass failed or rolled back")
+            raise
+
+
+def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
     clock = time.perf_counter()
     fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
+        run = models.PassRun(kind=kind, started=now, worker=state.worker)
+        options = engine_settings()
+        catch: Catchup | None = None
+        ledger_used = False
         if apiserver.cluster_mode():
-            fresh = cluster.read_fresh()  # SPEC §4: devices from the API server, not a cache
-        snapshot, ids = read_cluster(now)
-        result = engine(snapshot)
+            # SPEC §4: devices from the API server, not a cache; the mirror read in full.
+            fresh = cluster.read_fresh()
+            snapshot, ids = read_cluster(now)
+            run.view, run.rows_read = "full-read", _rows(snapshot)
+            result = ENGINES[kind](snapshot)
+        else:
+            catch = state.catch_up(kind)
+            run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
+            run.dirty_sets = len(catch.dirty_sets)
+            # What the pass saw: the whole state for a full pass (the usage step reads its
+            # classes and pods), only the requested sets for an answer pass (SPEC §4).
+            snapshot, ids = _view(kind, state, now, options), state.device_ids
+            result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
+            if unchanged:
+                run.view = "unchanged"
+            if catch.view != "rebuilt" and _verification_due(state):
+                result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
+                snapshot, ids = _view(kind, state, now, options), state.device_ids
+                run.feed_position = state.position
+                # A mismatch means the feed's list of changed subjects cannot be trusted either.
+                catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
-        run = models.PassRun.objects.create(kind=kind, started=now, devices_seen=len(snapshot.devices))
+        run.devices_seen = len(snapshot.devices)
+        run.save()
         if not snapshot.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
         if fresh is not None:
@@ -63,22 +101,30 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
-            written = record_usage(run.pk, now, snapshot, result.devices)
+            subjects = state.usage_subjects(catch, result) if catch is not None else None
+            written = record_usage(run.pk, now, snapshot, result.devices, subjects)
             run.records_opened, run.records_closed = written.opened, written.closed
+            if catch is not None:
+                state.prune()
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()
         if result.answered:
             notify_answers(run.pk)
+    if catch is not None:
+        state.passed(run, kind, now, options, result, ledger_used)
     if fresh is not None and kind == models.PassKind.FULL and fresh.deleting:
         # After commit: the released devices' usage records are closed for good.
         run.finalizers_released = cluster.release_finalizers(fresh)
         run.save(update_fields=["finalizers_released"])
     log.info(
-        "%s pass %s: %d devices, %d written, bound=%d moved=%d lost=%d refused=%d restored=%d,"
-        " usage records +%d -%d, in %.1f ms",
+        "%s pass %s (%s view, %d rows read, %d dirty sets): %d devices, %d written, bound=%d moved=%d lost=%d"
+        " refused=%d restored=%d, usage records +%d -%d, in %.1f ms",
         kind,
         run.pk,
+        run.view,
+        run.rows_read,
+        run.dirty_sets,
         run.devices_seen,
         run.devices_written,
         run.bound,
@@ -91,6 +137,68 @@ def run_pass(kind: str = models.PassKind.FULL) -> models.PassRun:
         run.duration_ms,
     )
     return run
+
+
+def _rows(snapshot: e.Cluster) -> int:
+    return sum(
+        len(part)
+        for part in (snapshot.classes, snapshot.nodes, snapshot.devices, snapshot.budgets, snapshot.vmis, snapshot.pods)
+    )
+
+
+def _view(kind: str, state: ClusterState, now: datetime, options: e.Settings) -> e.Cluster:
+    if kind == models.PassKind.ANSWER:
+        return state.requested(now, options)
+    return state.cluster(now, options)
+
+
+def _decide(
+    kind: str, state: ClusterState, catch: Catchup, now: datetime, options: e.Settings
+) -> tuple[PassResult, bool, bool]:
+    """The engine's result from the in-memory state, whether it moved the state's ledger and
+    whether the engine was skipped.
+
+    A full pass with nothing changed since a full pass that changed nothing is proven to
+    change nothing again (``unchanged_since_last_full_pass``) and skips the engine. An
+    answer pass gives the engine only the requested sets and the ledger of everything.
+    """
+    if kind == models.PassKind.ANSWER:
+        return ENGINES[kind](state.requested(now, options), state.ledger(), state.eligible), True, False
+    same = state.unchanged_since_last_full_pass(catch, now, options)
+    if same is not None:
+        return same, False, True
+    return ENGINES[kind](state.cluster(now, options), state.ledger(), state.eligible), True, False
+
+
+def _verification_due(state: ClusterState) -> bool:
+    every = settings.GPUPLANE_VERIFY_SECONDS
+    return time.monotonic() - state.verified_at >= every
+
+
+def _verify(
+    kind: str, state: ClusterState, now: datetime, options: e.Settings, mine: PassResult
+) -> tuple[PassResult, bool, int]:
+    """Rebuild the view from scratch, run the pass again on it and compare (SPEC §4).
+
+    Differences are logged with the objects and counted on the PassRun (the metric
+    ``gpuplane_verify_mismatches_total`` sums them); the pass goes on with the rebuilt
+    state and its result either way.
+    """
+    scratch = ClusterState()
+    scratch.rebuild("verification")
+    fresh_engine = ENGINES[kind]
+    if kind == models.PassKind.ANSWER:
+        theirs = fresh_engine(scratch.requested(now, options), scratch.ledger())
+    else:
+        theirs = fresh_engine(scratch.cluster(now, options), scratch.ledger())
+    problems = compare_records(state, scratch) + compare_results(mine, theirs)
+    for problem in problems:
+        log.error("verification: %s", problem)
+    if problems:
+        log.error("verification found %d differences; continuing from the rebuilt state", len(problems))
+    state.adopt(scratch)
+    state.verified_at = time.monotonic()
+    return theirs, True, len(problems)
 
 
 @contextlib.contextmanager

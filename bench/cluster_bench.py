@@ -111,6 +111,15 @@ def load(model: Any, columns: Sequence[str], rows: Iterable[Sequence[Any]], load
     from django.db import connection
 
     count = 0
+    # Fields the generator does not name get their model default (COPY names every column).
+    extra = [
+        f for f in model._meta.concrete_fields
+        if not f.primary_key and f.attname not in columns and f.name not in columns and f.has_default()
+    ]  # fmt: skip
+    if extra:
+        defaults = [f.get_default() for f in extra]
+        columns = [*columns, *(f.attname for f in extra)]
+        rows = ([*row, *defaults] for row in rows)
     if loader == "copy":
         table = connection.ops.quote_name(model._meta.db_table)
         cols = ", ".join(connection.ops.quote_name(c) for c in columns)

@@ -108,8 +108,8 @@ def test_every_write_path_reaches_the_feed(admin_client: Client, tmp_path: Path)
         with connection.cursor() as cursor:
             cursor.execute("UPDATE binder_virtualmachineinstance SET phase = 'Succeeded' WHERE name = 'vm1'")
             cursor.execute(
-                "INSERT INTO binder_node (name, uid, labels, allocatable, unschedulable, ready, ready_since, created)"
-                " VALUES ('raw-node', '', '{}', '{}', false, true, NULL, NULL)"
+                "INSERT INTO binder_node (name, uid, labels, allocatable, unschedulable, taints, ready, ready_since,"
+                " created, parse_error) VALUES ('raw-node', '', '{}', '{}', false, '[]', true, NULL, NULL, '')"
             )
             cursor.execute("DELETE FROM binder_node WHERE name = 'raw-node'")
 
@@ -219,8 +219,8 @@ def _dsn() -> str:
 
 def _insert_node(conn: psycopg.Connection[Any], name: str) -> None:
     conn.execute(
-        "INSERT INTO binder_node (name, uid, labels, allocatable, unschedulable, ready, ready_since, created)"
-        " VALUES (%s, '', '{}', %s, false, true, NULL, NULL)",
+        "INSERT INTO binder_node (name, uid, labels, allocatable, unschedulable, taints, ready, ready_since, created,"
+        " parse_error) VALUES (%s, '', '{}', %s, false, '[]', true, NULL, NULL, '')",
         [name, json.dumps({H100: 2})],
     )
 

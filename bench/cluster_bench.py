@@ -114,7 +114,8 @@ def load(model: Any, columns: Sequence[str], rows: Iterable[Sequence[Any]], load
     # Fields the generator does not name get their model default (COPY names every column).
     extra = [
         f for f in model._meta.concrete_fields
-        if not f.primary_key and f.attname not in columns and f.name not in columns and f.has_default()
+        if not f.primary_key and f.attname not in columns and f.name not in columns
+        and (f.has_default() or (not f.null and f.empty_strings_allowed))
     ]  # fmt: skip
     if extra:
         defaults = [f.get_default() for f in extra]

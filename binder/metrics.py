@@ -37,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from binder import models
 from binder.engine.types import Outcome
+from binder.mirror.write import MODELS
 from binder.queue import BINDER_QUEUE, COLLAPSE_KEY, collapse_key
 
 log = logging.getLogger(__name__)
@@ -256,20 +257,11 @@ def parse_error_metric() -> Metric:
         "Mirror rows whose object in the cluster stopped parsing (kept in their last good state), by kind.",
         labels=["kind"],
     )
-    for kind, model in MIRRORED.items():
+    for kind, model in MODELS.items():
         family.add_metric([kind], model.objects.exclude(parse_error="").count())
     return family
 
 
-MIRRORED: dict[str, Any] = {
-    "Namespace": models.Namespace,
-    "Node": models.Node,
-    "GPUClass": models.GpuClass,
-    "GPU": models.GpuDevice,
-    "GPUBudget": models.GpuBudget,
-    "VirtualMachineInstance": models.VirtualMachineInstance,
-    "Pod": models.Pod,
-}
 
 
 # -- the broker ---------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ webhook_cert``, against a SQLite database of the test's own.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import http.client
 import io
@@ -28,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,44 +172,17 @@ def test_client_certificate_policy_refuses_the_handshake_without_the_apiservers_
         "GPUPLANE_WEBHOOK_CLIENT_CA": str(client_ca),
     }
     attack = review(new_vmi("victim", "train", ["v-gpu0", "v-gpu1"]))
-    # The readiness probe of webhook_server presents no certificate either: wait on the port.
     anonymous = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     anonymous.check_hostname = False
     apiserver = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     apiserver.check_hostname = False
     apiserver.load_cert_chain(str(client_cert), str(client_key))
-    with _server_without_probe(env, tmp_path) as url:
+    with webhook_server(env, tmp_path, scheme="https", probe_http=False) as url:
         with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)):
             _post(url, attack, anonymous, {})
         assert _bind_requests(env) == ["", ""]
         status, body = _post(url, attack, apiserver, {})
         assert status == 200 and body["response"]["uid"] == attack["request"]["uid"]
-
-
-@contextlib.contextmanager
-def _server_without_probe(env: dict[str, str], workdir: Path) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_ENABLED": "true"}
-    log = (workdir / "webhook-server.log").open("w")
-    process = subprocess.Popen([sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=log,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((workdir / "webhook-server.log").read_text()) from None
-                time.sleep(0.1)
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
 
 
 # -- slow clients ---------------------------------------------------------------------------

@@ -110,9 +110,13 @@ class Worker:
 
 
 @contextmanager
-def webhook_server(env: dict[str, str], workdir: Path, *, scheme: str = "http") -> Iterator[str]:
+def webhook_server(
+    env: dict[str, str], workdir: Path, *, scheme: str = "http", probe_http: bool = True
+) -> Iterator[str]:
     """The production webhook server (``deploy/webhook_server.py``: granian, its own port)
-    with ``env`` on a free port; yields its URL once ``/healthz`` answers."""
+    with ``env`` on a free port; yields its URL once ``/healthz`` answers (or, with
+    ``probe_http=False``, once the port accepts: a server that demands client certificates
+    answers no probe without one)."""
     port = free_port()
     env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_ENABLED": "true"}
     log = (workdir / "webhook-server.log").open("w")
@@ -125,6 +129,9 @@ def webhook_server(env: dict[str, str], workdir: Path, *, scheme: str = "http") 
         deadline = time.monotonic() + 30
         while True:
             try:
+                if not probe_http:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
                 with urllib.request.urlopen(f"{url}/healthz", timeout=1, context=context) as resp:  # noqa: S310
                     if resp.status == 200:
                         break

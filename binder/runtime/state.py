@@ -235,6 +235,7 @@ class ClusterState:
                 self.device_ids = ids
                 for record in rows:
                     self._index_device(record, +1)
+                self._sets_changed(list(self.members))
         self.position, self.horizon = feed.top, feed.xip
         self._remember_mark(feed)
         self.valid = True
@@ -330,6 +331,7 @@ class ClusterState:
         catch.rows_read += len(found)
         table = self.records[kind]
         changed = False
+        sets: set[SetKey] = set()
         for object_id in ordered:
             old, new = table.get(object_id), found.get(object_id)
             if old == new:
@@ -345,6 +347,9 @@ class ClusterState:
                 table[object_id] = new
             if kind == "GPU":
                 self._replace_device(object_id, old, new)
+                sets.update(d.set_key for d in (old, new) if d is not None)
+        if sets:
+            self._sets_changed(sorted(sets))
         if changed:
             self._changed(kind)
 
@@ -363,6 +368,8 @@ class ClusterState:
             self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
 
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
+        """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
+        once for the sets touched (a pass binding 10k sets writes 26k devices)."""
         if old is not None:
             if self.device_ids.get(old.key) == object_id:
                 del self.device_ids[old.key]
@@ -370,9 +377,6 @@ class ClusterState:
         if new is not None:
             self.device_ids[new.key] = object_id
             self._index_device(new, +1)
-        if self._ledger is not None:
-            for key in {d.set_key for d in (old, new) if d is not None}:
-                self._ledger.commit(key, self.set_members(key))
 
     def _index_device(self, device: e.Device, sign: int) -> None:
         key = device.set_key
@@ -383,15 +387,23 @@ class ClusterState:
             del members[device.name]
         if not members:
             self.members.pop(key, None)
-        if any(d.wants_answer for d in self.members.get(key, {}).values()):
-            self.wanting.add(key)
-        else:
-            self.wanting.discard(key)
-        if self._unsettled is not None:
-            if self._settled(key):
-                self._unsettled.discard(key)
+
+    def _sets_changed(self, keys: Iterable[SetKey], *, ledger: bool = True) -> None:
+        """Bring what is kept per set current for ``keys``: who waits for an answer, who is
+        settled, and (``ledger``, unless the engine already moved them there) the ledger."""
+        for key in keys:
+            members = self.members.get(key, {})
+            if any(d.wants_answer for d in members.values()):
+                self.wanting.add(key)
             else:
-                self._unsettled.add(key)
+                self.wanting.discard(key)
+            if self._unsettled is not None:
+                if self._settled(key):
+                    self._unsettled.discard(key)
+                else:
+                    self._unsettled.add(key)
+            if ledger and self._ledger is not None:
+                self._ledger.commit(key, self.set_members(key))
 
     def _named(self, kind: str) -> dict[str, Any]:
         """Records of ``kind`` by name (nodes and classes have no namespace)."""
@@ -524,10 +536,8 @@ class ClusterState:
     ) -> None:
         """The pass committed: its own writes become part of the state."""
         # When the engine ran on this state's ledger it already moved the sets there;
-        # otherwise the ledger (if built) is moved set by set below.
-        ledger = self._ledger if ledger_used else None
-        if ledger_used:
-            self._ledger = None
+        # otherwise the ledger (if built) is moved set by set.
+        sets: set[SetKey] = set()
         for device in result.devices:
             object_id = self.device_ids.get(device.key)
             if object_id is None:
@@ -535,8 +545,8 @@ class ClusterState:
             old = self.records["GPU"].get(object_id)
             self.records["GPU"][object_id] = device
             self._replace_device(object_id, old, device)
-        if ledger_used:
-            self._ledger = ledger
+            sets.add(device.set_key)
+        self._sets_changed(sorted(sets), ledger=not ledger_used)
         if result.devices:
             self._tuples.pop("GPU", None)
         if kind == models.PassKind.FULL:

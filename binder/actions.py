@@ -49,13 +49,18 @@ class PassOutcome:
         return "Queued a full pass on the binder queue; a worker runs it (see Passes for its result)."
 
 
-def full_pass_now() -> PassOutcome:
+def staff_trigger(username: str) -> str:
+    """The ``PassRun.triggered_by`` of a staff action: who clicked."""
+    return f"staff:{username}"
+
+
+def full_pass_now(triggered_by: str = "staff") -> PassOutcome:
     """Queue a full pass and, when it ran in-process, return its record."""
     before = models.PassRun.objects.filter(kind=models.PassKind.FULL).order_by("-pk").values_list("pk", flat=True)
     last = before.first() or 0
     deferred = transaction.get_connection().in_atomic_block
     try:
-        queue_full_pass()
+        queue_full_pass(triggered_by=triggered_by)
     except Exception as exc:  # an in-process pass that failed must reach staff, not a 500 page
         log.exception("full pass requested by staff failed")
         return PassOutcome(error=f"{type(exc).__name__}: {exc}")
@@ -99,10 +104,10 @@ class RetryOutcome:
         return set(self.phases) == {models.Phase.BOUND}
 
 
-def retry_lost_set(namespace: str, vm: str) -> RetryOutcome:
+def retry_lost_set(namespace: str, vm: str, triggered_by: str = "staff") -> RetryOutcome:
     """Ask for a full pass to rebind a Lost set (step 3 of the pass rebinds Lost sets
     first, oldest first), then read where the set stands if the pass already ran."""
-    outcome = full_pass_now()
+    outcome = full_pass_now(triggered_by)
     devices = list(
         models.GpuDevice.objects.filter(namespace__name=namespace, vm_name=vm).values_list("phase", "node", "reason")
     )

@@ -20,15 +20,15 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from binder import models
-from binder.actions import full_pass_now, retry_lost_set
+from binder import apiserver, models
+from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
 
 
 @admin.action(description="Run a full pass now")
 def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:  # type: ignore[type-arg]
-    outcome = full_pass_now()
+    outcome = full_pass_now(staff_trigger(request.user.get_username()))
     modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
 
 
@@ -49,21 +49,45 @@ class ParseErrorFilter(admin.SimpleListFilter):
         return queryset
 
 
-@admin.register(models.SyncStatus)
-class SyncStatusAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
+class AuditAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A record of what happened (passes, decisions, answers, sync status): shown, never
+    added, edited or deleted by hand, or the trail would stop proving anything."""
 
-    list_display = ["kind", "resource_version", "listed", "events", "invalid", "last_invalid", "errors", "last_error"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MirrorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A mirrored cluster object. In cluster mode the API server owns it and the sync
+    writes the row, so a hand edit would be overwritten (or, worse, decided on until then):
+    read-only. In standalone mode the database is the source of truth (SPEC §1) and staff
+    edit it here, except the fields the binder or the webhook own (``readonly_fields``)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not apiserver.cluster_mode() and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not apiserver.cluster_mode() and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not apiserver.cluster_mode() and super().has_delete_permission(request, obj)
+
+
+@admin.register(models.SyncStatus)
+class SyncStatusAdmin(AuditAdmin):
+    """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
+
+    list_display = ["kind", "resource_version", "listed", "events", "invalid", "last_invalid", "errors", "last_error"]
+
 
 @admin.register(models.Namespace)
-class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class NamespaceAdmin(MirrorAdmin):
     list_display = ["name", "device_count", "created", "parse_error"]
     search_fields = ["name"]
 
@@ -73,7 +97,7 @@ class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.Node)
-class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class NodeAdmin(MirrorAdmin):
     list_display = ["name", "ready", "unschedulable", "draining", "gpu_booking", "ready_since", "parse_error"]
     list_filter = [ParseErrorFilter, "ready", "unschedulable"]
     search_fields = ["name"]
@@ -102,7 +126,7 @@ class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.GpuClass)
-class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GpuClassAdmin(MirrorAdmin):
     list_display = [
         "name",
         "display_name",
@@ -118,7 +142,7 @@ class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.GpuDevice)
-class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GpuDeviceAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since", "reason", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "node", "reason"]
@@ -165,7 +189,7 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.GpuBudget)
-class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GpuBudgetAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "usage_vs_limit", "parse_error"]
     list_filter = [ParseErrorFilter, "namespace"]
     readonly_fields = ["used"]
@@ -178,7 +202,7 @@ class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.VirtualMachineInstance)
-class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class VmiAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "phase", "node", "active_pod_count", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
     search_fields = ["name", "uid"]
@@ -189,15 +213,18 @@ class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.Pod)
-class PodAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PodAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "phase", "node", "gpu_requests", "owner_kind", "owner_name", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
     search_fields = ["name", "uid", "owner_name"]
 
 
 class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
+    """The pass's decisions, as the pass wrote them: no "Add another", no delete box."""
+
     model = models.Decision
     extra = 0
+    max_num = 0
     can_delete = False
     fields = ("namespace", "vm_name", "device_name", "from_phase", "from_node", "to_phase", "to_node", "reason")
     readonly_fields = fields
@@ -205,12 +232,19 @@ class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 @admin.register(models.PassRun)
-class PassRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PassRunAdmin(AuditAdmin):
     list_display = [
         "id",
         "kind",
+        "triggered_by",
         "started",
         "duration_ms",
         "devices_seen",
@@ -223,18 +257,13 @@ class PassRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "skipped",
     ]
     list_filter = ["kind"]
+    search_fields = ["triggered_by"]
     inlines = [DecisionInline]
     actions = [run_full_pass]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(models.Decision)
-class DecisionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class DecisionAdmin(AuditAdmin):
     list_display = [
         "created",
         "pass_run",
@@ -250,18 +279,15 @@ class DecisionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["to_phase", "namespace"]
     search_fields = ["device_name", "vm_name", "reason", "from_node", "to_node"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(models.LostSet)
 class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every Lost set with tenant, VM, devices, since when, why, and whether its VMI runs."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -273,7 +299,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 raise PermissionDenied
             namespace, _, vm = request.POST.get("retry", "").partition("/")
             if namespace and vm:
-                outcome = retry_lost_set(namespace, vm)
+                outcome = retry_lost_set(namespace, vm, staff_trigger(request.user.get_username()))
                 level = messages.ERROR if outcome.outcome.error else messages.SUCCESS
                 self.message_user(request, outcome.message, level)
             else:
@@ -318,13 +344,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.BindAnswer)
-class BindAnswerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class BindAnswerAdmin(AuditAdmin):
     list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency_ms", "answer"]
     list_filter = ["allowed", "namespace"]
     search_fields = ["device_name", "request", "answer"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

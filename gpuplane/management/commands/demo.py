@@ -40,8 +40,8 @@ class Command(BaseCommand):
         except SnapshotError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(report.summary())
-        first = run_pass(PassKind.FULL)
-        second = run_pass(PassKind.FULL)
+        first = run_pass(PassKind.FULL, triggered_by="command")
+        second = run_pass(PassKind.FULL, triggered_by="command")
         for run in (first, second):
             self.stdout.write(
                 f"full pass {run.pk}: bound {run.bound}, moved {run.moved}, lost {run.lost}, "

@@ -22,6 +22,14 @@ from binder.queue import queue_full_pass
 log = logging.getLogger(__name__)
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def sets(count: int) -> str:
+    return plural(count, "set")
+
+
 @dataclass(frozen=True, slots=True)
 class PassOutcome:
     """What asking for a full pass led to, as far as this request can know."""
@@ -39,9 +47,11 @@ class PassOutcome:
             return f"The full pass failed: {self.error}"
         if self.run is not None:
             run = self.run
+            # A pass counts sets (and refused orders), the board counts devices: say which.
             text = (
-                f"Full pass #{run.pk} ran: bound {run.bound}, moved {run.moved}, lost {run.lost}, "
-                f"refused {run.refused}, restored {run.restored}; {run.devices_written} devices written"
+                f"Full pass #{run.pk} ran: bound {sets(run.bound)}, moved {sets(run.moved)}, lost {sets(run.lost)}, "
+                f"refused {plural(run.refused, 'order')}, restored {sets(run.restored)}; "
+                f"{plural(run.devices_written, 'device')} written"
             )
             return text + (f" (skipped: {run.skipped})" if run.skipped else "") + "."
         if self.deferred:

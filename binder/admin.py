@@ -24,6 +24,7 @@ from binder import apiserver, models
 from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
+from binder.reports.formatting import age, duration_ms, duration_s, iso
 
 
 @admin.action(description="Run a full pass now")
@@ -83,7 +84,23 @@ class MirrorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class SyncStatusAdmin(AuditAdmin):
     """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
 
-    list_display = ["kind", "resource_version", "listed", "events", "invalid", "last_invalid", "errors", "last_error"]
+    list_display = [
+        "kind",
+        "resource_version",
+        "listed",
+        "events",
+        "lag",
+        "invalid",
+        "last_invalid",
+        "errors",
+        "last_error",
+    ]
+    exclude = ["lag_seconds"]
+    readonly_fields = ["lag"]
+
+    @admin.display(description="last event's lag")
+    def lag(self, obj: models.SyncStatus) -> str:
+        return duration_s(obj.lag_seconds)
 
 
 @admin.register(models.Namespace)
@@ -143,7 +160,7 @@ class GpuClassAdmin(MirrorAdmin):
 
 @admin.register(models.GpuDevice)
 class GpuDeviceAdmin(MirrorAdmin):
-    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since", "reason", "parse_error"]
+    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since_age", "reason", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "node", "reason"]
     list_select_related = ["namespace"]
@@ -159,6 +176,12 @@ class GpuDeviceAdmin(MirrorAdmin):
         "decision_history",
     ]
     actions = [run_full_pass]
+
+    @admin.display(description="since", ordering="since")
+    def since_age(self, obj: models.GpuDevice) -> str:
+        if obj.since is None:
+            return "-"
+        return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
 
     @admin.display(description="why is this GPU here?")
     def decision_history(self, obj: models.GpuDevice) -> str:
@@ -183,7 +206,10 @@ class GpuDeviceAdmin(MirrorAdmin):
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{} {}</td><td>{}</td></tr>",
-                ((d.created, d.pass_run_id, d.from_phase, d.from_node, d.to_phase, d.to_node, d.reason) for d in rows),
+                (
+                    (iso(d.created), d.pass_run_id, d.from_phase, d.from_node, d.to_phase, d.to_node, d.reason)
+                    for d in rows
+                ),
             ),
         )
 
@@ -241,25 +267,54 @@ class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(models.PassRun)
 class PassRunAdmin(AuditAdmin):
+    """The pass history. The counts are sets (refused: orders), not devices: a set of 8
+    devices bound is "bound 1", beside the board's device counts, so the headers say so."""
+
     list_display = [
         "id",
         "kind",
         "triggered_by",
         "started",
-        "duration_ms",
+        "duration",
         "devices_seen",
         "devices_written",
-        "bound",
-        "moved",
-        "lost",
-        "refused",
-        "restored",
+        "sets_bound",
+        "sets_moved",
+        "sets_lost",
+        "orders_refused",
+        "sets_restored",
         "skipped",
     ]
     list_filter = ["kind"]
     search_fields = ["triggered_by"]
+    exclude = ["duration_ms"]
+    readonly_fields = ["duration"]
     inlines = [DecisionInline]
     actions = [run_full_pass]
+
+    @admin.display(description="duration", ordering="duration_ms")
+    def duration(self, obj: models.PassRun) -> str:
+        return duration_ms(obj.duration_ms)
+
+    @admin.display(description="sets bound", ordering="bound")
+    def sets_bound(self, obj: models.PassRun) -> int:
+        return obj.bound
+
+    @admin.display(description="sets moved", ordering="moved")
+    def sets_moved(self, obj: models.PassRun) -> int:
+        return obj.moved
+
+    @admin.display(description="sets lost", ordering="lost")
+    def sets_lost(self, obj: models.PassRun) -> int:
+        return obj.lost
+
+    @admin.display(description="orders refused", ordering="refused")
+    def orders_refused(self, obj: models.PassRun) -> int:
+        return obj.refused
+
+    @admin.display(description="sets restored", ordering="restored")
+    def sets_restored(self, obj: models.PassRun) -> int:
+        return obj.restored
 
 
 @admin.register(models.Decision)
@@ -325,6 +380,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "vm": vm,
                     "devices": devices,
                     "since": min((d.since for d in devices if d.since), default=None),
+                    "age": age(min((d.since for d in devices if d.since), default=None)),
                     "reason": devices[0].reason,
                     "vmi_running": bool(vmi and vmi.phase == "Running"),
                     "vmi_node": vmi.node if vmi else "",
@@ -345,6 +401,12 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.BindAnswer)
 class BindAnswerAdmin(AuditAdmin):
-    list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency_ms", "answer"]
+    list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency", "answer"]
     list_filter = ["allowed", "namespace"]
     search_fields = ["device_name", "request", "answer"]
+    exclude = ["latency_ms"]
+    readonly_fields = ["latency"]
+
+    @admin.display(description="latency", ordering="latency_ms")
+    def latency(self, obj: models.BindAnswer) -> str:
+        return duration_ms(obj.latency_ms)

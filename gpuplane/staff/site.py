@@ -25,6 +25,8 @@ class GpuplaneAdminSite(AdminSite):
     site_title = "gpuplane"
     index_title = "GPU placement, budgets and usage"
     index_template = "admin/gpuplane/index.html"
+    #: No public site beside the admin: Django's "View site" link would be a 404.
+    site_url = None
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         def page(route: str, view: Any, name: str) -> URLPattern:

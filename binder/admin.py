@@ -33,6 +33,13 @@ def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
 
 
+def node_link(name: str) -> str:
+    """A node name linked to its node page (``admin:node-detail``); "-" for no node."""
+    if not name:
+        return "-"
+    return format_html('<a class="node-link" href="{}">{}</a>', reverse("admin:node-detail", args=[name]), name)
+
+
 class ParseErrorFilter(admin.SimpleListFilter):
     """Rows whose object in the cluster stopped parsing (they keep their last good state)."""
 
@@ -115,7 +122,16 @@ class NamespaceAdmin(MirrorAdmin):
 
 @admin.register(models.Node)
 class NodeAdmin(MirrorAdmin):
-    list_display = ["name", "ready", "unschedulable", "draining", "gpu_booking", "ready_since", "parse_error"]
+    list_display = [
+        "name",
+        "node_page",
+        "ready",
+        "unschedulable",
+        "draining",
+        "gpu_booking",
+        "ready_since",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "ready", "unschedulable"]
     search_fields = ["name"]
     actions = [run_full_pass]
@@ -124,6 +140,12 @@ class NodeAdmin(MirrorAdmin):
         cluster, _ = read_cluster(timezone.now())
         self._ledger = ledger_for(cluster)
         return super().changelist_view(request, extra_context)
+
+    @admin.display(description="devices and pods")
+    def node_page(self, obj: models.Node) -> str:
+        return format_html(
+            '<a class="node-link" href="{}">node page</a>', reverse("admin:node-detail", args=[obj.name])
+        )
 
     @admin.display(boolean=True)
     def draining(self, obj: models.Node) -> bool:
@@ -160,9 +182,19 @@ class GpuClassAdmin(MirrorAdmin):
 
 @admin.register(models.GpuDevice)
 class GpuDeviceAdmin(MirrorAdmin):
-    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since_age", "reason", "parse_error"]
+    list_display = [
+        "name",
+        "namespace",
+        "vm_name",
+        "class_name",
+        "phase",
+        "node_name",
+        "since_age",
+        "reason",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
-    search_fields = ["name", "vm_name", "node", "reason"]
+    search_fields = ["name", "vm_name", "namespace__name", "node", "reason"]
     list_select_related = ["namespace"]
     # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
     readonly_fields = [
@@ -176,6 +208,10 @@ class GpuDeviceAdmin(MirrorAdmin):
         "decision_history",
     ]
     actions = [run_full_pass]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.GpuDevice) -> str:
+        return node_link(obj.node)
 
     @admin.display(description="since", ordering="since")
     def since_age(self, obj: models.GpuDevice) -> str:
@@ -229,9 +265,13 @@ class GpuBudgetAdmin(MirrorAdmin):
 
 @admin.register(models.VirtualMachineInstance)
 class VmiAdmin(MirrorAdmin):
-    list_display = ["name", "namespace", "phase", "node", "active_pod_count", "parse_error"]
+    list_display = ["name", "namespace", "phase", "node_name", "active_pod_count", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
-    search_fields = ["name", "uid"]
+    search_fields = ["name", "uid", "namespace__name", "node"]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.VirtualMachineInstance) -> str:
+        return node_link(obj.node)
 
     @admin.display(description="active pods")
     def active_pod_count(self, obj: models.VirtualMachineInstance) -> int:
@@ -240,9 +280,22 @@ class VmiAdmin(MirrorAdmin):
 
 @admin.register(models.Pod)
 class PodAdmin(MirrorAdmin):
-    list_display = ["name", "namespace", "phase", "node", "gpu_requests", "owner_kind", "owner_name", "parse_error"]
+    list_display = [
+        "name",
+        "namespace",
+        "phase",
+        "node_name",
+        "gpu_requests",
+        "owner_kind",
+        "owner_name",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
-    search_fields = ["name", "uid", "owner_name"]
+    search_fields = ["name", "uid", "owner_name", "namespace__name", "node"]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.Pod) -> str:
+        return node_link(obj.node)
 
 
 class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib.admin import AdminSite
 from django.urls import URLPattern, URLResolver, path
 
-from gpuplane.staff import views
+from gpuplane.staff import console, views
 
 
 class GpuplaneAdminSite(AdminSite):
@@ -39,5 +39,7 @@ class GpuplaneAdminSite(AdminSite):
             page("usage-chart/", views.usage_chart, "usage-chart"),
             page("decisions/", views.decisions, "decisions"),
             page("run-pass/", views.run_pass, "run-pass"),
+            page("search/", console.search_page, "search"),
+            page("nodes/<str:name>/", console.node_detail, "node-detail"),
         ]
         return staff_pages + super().get_urls()

@@ -33,6 +33,15 @@ def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
 
 
+#: A retry is a success only when the set is Bound afterwards (binder.actions.RetryOutcome.level).
+RETRY_LEVELS = {
+    "error": messages.ERROR,
+    "warning": messages.WARNING,
+    "info": messages.INFO,
+    "success": messages.SUCCESS,
+}
+
+
 def node_link(name: str) -> str:
     """A node name linked to its node page (``admin:node-detail``); "-" for no node."""
     if not name:
@@ -408,8 +417,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             namespace, _, vm = request.POST.get("retry", "").partition("/")
             if namespace and vm:
                 outcome = retry_lost_set(namespace, vm, staff_trigger(request.user.get_username()))
-                level = messages.ERROR if outcome.outcome.error else messages.SUCCESS
-                self.message_user(request, outcome.message, level)
+                self.message_user(request, outcome.message, RETRY_LEVELS[outcome.level])
             else:
                 self.message_user(request, "Say which set to retry: namespace/VM.", messages.ERROR)
             # Post/redirect/get: reloading the page must not queue another pass.

@@ -20,7 +20,8 @@ from django.utils import timezone
 from binder import models
 from binder.engine import build_ledger
 from binder.engine import types as e
-from binder.mirror.read import read_rows
+from binder.engine.preview import NodeAction, NodePreview, preview
+from binder.mirror.read import read_cluster, read_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +169,10 @@ def node_report(name: str, now: datetime | None = None) -> NodeReport | None:
     )
     taints = tuple(ledger.nodes[name].taints) if name in ledger.nodes else ()
     return NodeReport(name, row, now, resources, tuple(sets), pod_lines, taints, node_states(row))
+
+
+def node_preview(name: str, action: NodeAction, now: datetime | None = None) -> NodePreview:
+    """The drain (or cordon, ...) preview of ``name``: the engine's next full pass on a copy
+    of the whole mirror with the node changed (raises PreviewError for an unknown node)."""
+    cluster, _ = read_cluster(now or timezone.now())
+    return preview(cluster, name, action)

@@ -1,4 +1,4 @@
-"""The staff console's cross-cutting pages: search and the node page.
+"""The staff console's cross-cutting pages: search, the node page and its actions.
 
 Thin views like ``gpuplane.staff.views``: check the permissions of what the page reads,
 parse the parameters into a clear 400, call one domain function (``binder.reports.search``,
@@ -7,13 +7,17 @@ parse the parameters into a clear 400, call one domain function (``binder.report
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.admin import AdminSite
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.http import urlencode
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
-from binder.reports.nodes import node_report
+from binder import apiserver
+from binder.actions import NodeActionError, change_node, staff_trigger
+from binder.engine.preview import EFFECT, NodeAction, PreviewError
+from binder.reports.nodes import node_preview, node_report
 from binder.reports.search import Hit, SearchQueryError, search
 from gpuplane.staff.views import _render, _require
 
@@ -85,4 +89,76 @@ def node_detail(request: HttpRequest, site: AdminSite, name: str) -> HttpRespons
             error=f"No node {name!r}: no node, device or pod in the mirror has that name.",
             node_name=name,
         )
-    return _render(request, site, "node.html", f"Node {name}", report=report, node_name=name)
+    actions = [
+        NodeAction.UNCORDON if report.row is not None and report.row.unschedulable else NodeAction.CORDON,
+        NodeAction.UNDRAIN if report.row is not None and report.row.draining else NodeAction.DRAIN,
+    ]
+    return _render(
+        request,
+        site,
+        "node.html",
+        f"Node {name}",
+        report=report,
+        node_name=name,
+        actions=[(a.value, EFFECT[a]) for a in actions] if report.exists else [],
+        can_change=request.user.has_perm("binder.change_node"),
+    )
+
+
+#: Messages' levels for a node action's outcome (binder.actions.NodeActionOutcome.level).
+LEVELS = {"error": messages.ERROR, "warning": messages.WARNING, "success": messages.SUCCESS}
+
+
+@require_http_methods(["GET", "POST"])
+def node_action(request: HttpRequest, site: AdminSite, name: str, action: str) -> HttpResponse:
+    """GET: the confirmation, with the drain preview (where each set would go). POST: make
+    the change (the API server in cluster mode, the mirror row in standalone), queue a full
+    pass triggered by this user, and go back to the node page with what came of it."""
+    _require(request, "binder.view_node", "binder.view_gpudevice", "binder.change_node")
+    try:
+        chosen = NodeAction(action)
+    except ValueError:
+        choices = ", ".join(a.value for a in NodeAction)
+        return _render(
+            request,
+            site,
+            "node_action.html",
+            f"Node {name}",
+            status=400,
+            error=f"unknown node action {action!r}: one of {choices}",
+            node_name=name,
+        )
+    if request.method == "POST":
+        try:
+            outcome = change_node(name, chosen, staff_trigger(request.user.get_username()))
+        except NodeActionError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.add_message(request, LEVELS[outcome.level], outcome.message)
+        # Post/redirect/get: a reload must not write again.
+        return HttpResponseRedirect(node_url(name))
+    try:
+        preview = node_preview(name, chosen)
+    except PreviewError as exc:
+        return _render(
+            request,
+            site,
+            "node_action.html",
+            f"Node {name}",
+            status=404,
+            error=f"{exc}: nothing to preview",
+            node_name=name,
+        )
+    return _render(
+        request,
+        site,
+        "node_action.html",
+        f"{chosen.value.capitalize()} {name}?",
+        preview=preview,
+        effect=EFFECT[chosen],
+        node_name=name,
+        action=chosen.value,
+        writes_to="the API server (a merge patch with the node's resourceVersion)"
+        if apiserver.cluster_mode()
+        else "the mirror (standalone: the database is the source of truth)",
+    )

@@ -41,5 +41,6 @@ class GpuplaneAdminSite(AdminSite):
             page("run-pass/", views.run_pass, "run-pass"),
             page("search/", console.search_page, "search"),
             page("nodes/<str:name>/", console.node_detail, "node-detail"),
+            page("nodes/<str:name>/<str:action>/", console.node_action, "node-action"),
         ]
         return staff_pages + super().get_urls()

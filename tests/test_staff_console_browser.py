@@ -98,9 +98,7 @@ def test_search_from_any_page(demo: None, page: Page, live_server: Any) -> None:
 def test_drain_preview_then_drain(demo: None, page: Page, live_server: Any) -> None:
     held = orm(
         lambda: sorted(
-            set(
-                models.GpuDevice.objects.filter(node=DRAINED, phase="Bound").values_list("namespace__name", "vm_name")
-            )
+            set(models.GpuDevice.objects.filter(node=DRAINED, phase="Bound").values_list("namespace__name", "vm_name"))
         )
     )
     assert held, "the demo has sets on the node"
@@ -146,3 +144,16 @@ def test_drain_preview_then_drain(demo: None, page: Page, live_server: Any) -> N
     assert orm(lambda: models.PassRun.objects.order_by("-pk").first().triggered_by) == "staff:staff"  # type: ignore[union-attr]
     # and undrain is what the node page offers now
     expect(page.locator('#node-actions a.node-action[data-action="undrain"]')).to_be_visible()
+
+    # the home page's fleet health lists the drained node and the sets it lost, linked
+    page.click("#site-name a")
+    health = page.locator("#fleet-health")
+    expect(health.locator(f'tr.health-node[data-node="{DRAINED}"]')).to_contain_text("draining")
+    for key, target in targets.items():
+        if target == "Lost":
+            lost = health.locator(f'#health-lost tr.health-set[data-set="{key}"]')
+            expect(lost).to_contain_text(re.compile(r"Lost \d+ (s|min)"))
+    expect(page.locator("#health-as-of")).to_contain_text("auto-refresh off")
+    page.screenshot(path=artifacts_dir() / "fleet-health.png", full_page=True)
+    health.locator(f'tr.health-node[data-node="{DRAINED}"] a').click()
+    expect(page.locator("h1")).to_have_text(f"Node {DRAINED}")

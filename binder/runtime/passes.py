@@ -44,27 +44,30 @@ ENGINES: dict[str, Callable[..., PassResult]] = {
 }
 
 
-def run_pass(kind: str = models.PassKind.FULL, state: ClusterState | None = None) -> models.PassRun:
+def run_pass(
+    kind: str = models.PassKind.FULL, state: ClusterState | None = None, triggered_by: str = "direct"
+) -> models.PassRun:
     """Run one pass of ``kind`` (``full`` or ``answer``) and return its record.
 
     ``state`` is the worker's in-memory view (default: this process's); any failure drops
-    it, so the next pass reads everything again (SPEC §4 Freshness).
+    it, so the next pass reads everything again (SPEC §4 Freshness). ``triggered_by`` is
+    kept on the record for the audit trail ("direct": called in-process, not queued).
     """
     state = state if state is not None else STATE
     with state.lock:
         try:
-            return _run_pass(kind, state)
+            return _run_pass(kind, state, triggered_by)
         except BaseException:
             state.invalidate("the previous pass failed or rolled back")
             raise
 
 
-def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
+def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassRun:
     clock = time.perf_counter()
     fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
-        run = models.PassRun(kind=kind, started=now, worker=state.worker)
+        run = models.PassRun(kind=kind, started=now, worker=state.worker, triggered_by=triggered_by[:160])
         options = engine_settings()
         catch: Catchup | None = None
         ledger_used = False

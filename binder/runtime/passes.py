@@ -30,7 +30,16 @@ from binder.mirror.read import engine_settings, read_cluster
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.locking import pass_lock
-from binder.runtime.state import STATE, Catchup, ClusterState, StatusWritten, compare_records, compare_results
+from binder.runtime.state import (
+    STATE,
+    Catchup,
+    ClusterState,
+    OwnWrites,
+    StatusWritten,
+    compare_records,
+    compare_results,
+    own_feed_position,
+)
 from usage.records import record_usage
 
 log = logging.getLogger(__name__)
@@ -101,7 +110,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
         if fresh is not None:
             result, run.writes_failed = cluster.write_status(result, fresh)
-        write_result(run, result, ids, state.status_written if catch is not None else None)
+        own_writes = _write_own(run, result, ids, state if catch is not None else None)
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
@@ -116,7 +125,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         if result.answered:
             notify_answers(run.pk)
     if catch is not None:
-        state.passed(run, kind, now, options, result, ledger_used)
+        state.passed(run, kind, now, options, result, ledger_used, own_writes)
     if fresh is not None and kind == models.PassKind.FULL and fresh.deleting:
         # After commit: the released devices' usage records are closed for good.
         run.finalizers_released = cluster.release_finalizers(fresh)
@@ -141,6 +150,20 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         run.duration_ms,
     )
     return run
+
+
+def _write_own(
+    run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int], state: ClusterState | None
+) -> OwnWrites | None:
+    """``write_result``, noting which feed entries the writes made when a worker's state
+    will hold them (``state``; see :class:`~binder.runtime.state.OwnWrites`)."""
+    if state is None:
+        write_result(run, result, ids)
+        return None
+    _, after = own_feed_position()
+    write_result(run, result, ids, state.status_written)
+    xid, upto = own_feed_position()
+    return OwnWrites(xid=xid, after=after, upto=upto)
 
 
 def _rows(snapshot: e.Cluster) -> int:

@@ -69,6 +69,41 @@ _CHUNK = 5000
 
 
 @dataclass(frozen=True, slots=True)
+class OwnWrites:
+    """The feed entries a pass's own status writes produced: this worker's state already
+    holds what they would re-read (see :meth:`ClusterState.passed`), so the next catch-up
+    skips them instead of re-reading every row the pass wrote (26k after 10k new orders)."""
+
+    xid: int | None
+    """The pass's transaction id (PostgreSQL); None on SQLite, which runs one writer at a time."""
+    after: int
+    upto: int
+    """The entries are those of ``xid`` at positions in (after, upto]: nothing else of the
+    pass's transaction is written between the two reads (:func:`own_feed_position`)."""
+
+    def covers(self, position: int, xid: int | None) -> bool:
+        return self.after < position <= self.upto and xid == self.xid
+
+
+def own_feed_position() -> tuple[int | None, int]:
+    """(This transaction's id on PostgreSQL, the highest feed position it has written.)
+
+    On SQLite the writer holds the database's write lock from its first write (the pass
+    has written its PassRun by then), so every position taken meanwhile is its own.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT x.id, coalesce((SELECT max(position) FROM binder_change WHERE xid = x.id), 0)"
+                " FROM (SELECT pg_current_xact_id()::text::bigint AS id) AS x"
+            )
+            xid, top = cursor.fetchone()
+            return int(xid), int(top)
+        cursor.execute("SELECT coalesce(max(position), 0) FROM binder_change")
+        return None, int(cursor.fetchone()[0])
+
+
+@dataclass(frozen=True, slots=True)
 class FeedRead:
     """One read of the change feed."""
 
@@ -157,6 +192,8 @@ class ClusterState:
         self.last_full: tuple[datetime, e.Settings, PassResult] | None = None
         #: The class and budget status as this state's last full pass wrote it.
         self.status_written: StatusWritten | None = None
+        #: The feed entries of the last pass's own writes, skipped by the next catch-up.
+        self.own_writes: OwnWrites | None = None
 
     def invalidate(self, why: str) -> None:
         """Forget everything: the next pass reads the whole mirror again."""
@@ -185,7 +222,8 @@ class ClusterState:
         reason = self._not_provable()
         if reason:
             return self.rebuild(reason)
-        feed = self._read_feed(self.position, self.horizon, self.mark_at)
+        feed = self._read_feed(self.position, self.horizon, self.mark_at, self.own_writes)
+        self.own_writes = None
         top, entries = feed.top, feed.entries
         if top < self.position:
             return self.rebuild(f"the change feed went backwards (position {top} < {self.position})")
@@ -259,15 +297,17 @@ class ClusterState:
         )
         self.mark, self.mark_at = anchor.token, anchor.position
 
-    def _read_feed(self, position: int | None, horizon: tuple[int, ...], mark_at: int) -> FeedRead:
-        """The feed's top, the entries to apply and, on PostgreSQL, the transactions in
-        progress: one statement, so one snapshot."""
+    def _read_feed(
+        self, position: int | None, horizon: tuple[int, ...], mark_at: int, skip: OwnWrites | None = None
+    ) -> FeedRead:
+        """The feed's top, the entries to apply (less ``skip``) and, on PostgreSQL, the
+        transactions in progress: one statement, so one snapshot."""
         at = position if position is not None else -1
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 mark = "token"
                 cursor.execute(
-                    f"SELECT s.top, s.top_mark, s.mark, s.xip, c.position, c.kind, c.object_id, c.op FROM"  # noqa: S608 - constant SQL
+                    f"SELECT s.top, s.top_mark, s.mark, s.xip, c.position, c.kind, c.object_id, c.op, c.xid FROM"  # noqa: S608 - constant SQL
                     " (SELECT coalesce((SELECT max(position) FROM binder_change), 0) AS top,"
                     f" (SELECT {mark} FROM binder_change ORDER BY position DESC LIMIT 1) AS top_mark,"
                     f" (SELECT {mark} FROM binder_change WHERE position = %s) AS mark,"
@@ -283,7 +323,11 @@ class ClusterState:
                     top_mark=first[1] or "",
                     mark=first[2] or "",
                     xip=tuple(int(x) for x in first[3]),
-                    entries=[(r[4], r[5], r[6], r[7]) for r in rows if r[4] is not None],
+                    entries=[
+                        (r[4], r[5], r[6], r[7])
+                        for r in rows
+                        if r[4] is not None and not (skip is not None and skip.covers(r[4], r[8]))
+                    ],
                 )
             mark = "token"
             cursor.execute(
@@ -299,7 +343,7 @@ class ClusterState:
                     "SELECT position, kind, object_id, op FROM binder_change WHERE position > %s ORDER BY position",
                     [position],
                 )
-                entries = [tuple(r) for r in cursor.fetchall()]
+                entries = [tuple(r) for r in cursor.fetchall() if not (skip is not None and skip.covers(r[0], None))]
             return FeedRead(top=int(top), top_mark=top_mark or "", mark=found or "", xip=(), entries=entries)
 
     def _apply_namespaces(self, ids: set[int], catch: Catchup) -> bool:
@@ -532,9 +576,18 @@ class ClusterState:
     # -- after the pass ----------------------------------------------------------------------
 
     def passed(
-        self, run: models.PassRun, kind: str, now: datetime, settings: e.Settings, result: PassResult, ledger_used: bool
+        self,
+        run: models.PassRun,
+        kind: str,
+        now: datetime,
+        settings: e.Settings,
+        result: PassResult,
+        ledger_used: bool,
+        own_writes: OwnWrites | None = None,
     ) -> None:
-        """The pass committed: its own writes become part of the state."""
+        """The pass committed: its own writes become part of the state (so the next
+        catch-up may skip their feed entries, ``own_writes``)."""
+        self.own_writes = own_writes
         # When the engine ran on this state's ledger it already moved the sets there;
         # otherwise the ledger (if built) is moved set by set.
         sets: set[SetKey] = set()

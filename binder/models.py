@@ -473,3 +473,33 @@ class Change(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.position} {self.op} {self.kind} {self.object_id}"
+
+
+class FeedReader(models.Model):
+    """Where each pass worker has read the change feed up to, so pruning keeps what any
+    live worker still needs (SPEC §4 Freshness).
+
+    Workers take turns (two binder replicas share one queue); each follows the other's
+    passes through the feed instead of reading everything again, which is sound only if
+    no entry it has not applied was deleted. A pass deletes entries below the lowest
+    ``position`` of the readers seen within ``GPUPLANE_FEED_RETENTION_SECONDS``, never
+    those of the transactions in their ``horizon`` (in progress at their last read: they
+    may commit below it), and deletes the rows of readers not seen for that long. A
+    worker whose row is gone (it was judged stale) reads everything again. Rows are
+    written in the pass's transaction, under the pass lock, so pruning and reading never
+    interleave.
+    """
+
+    worker = models.CharField(max_length=200, unique=True)
+    position = models.BigIntegerField()
+    horizon = models.JSONField(default=list, blank=True)
+    token = models.CharField(
+        max_length=32, help_text="random, per pass: a pass rolled back leaves the previous one's; its worker rebuilds"
+    )
+    updated = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "binder_feed_reader"
+
+    def __str__(self) -> str:
+        return f"{self.worker} at #{self.position}"

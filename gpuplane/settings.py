@@ -302,6 +302,9 @@ GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_S
 #: SPEC §4 Freshness: every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,
 #: runs the engine both ways and compares (0: every pass; the tests use it).
 GPUPLANE_VERIFY_SECONDS = env_int("GPUPLANE_VERIFY_SECONDS", 600)
+#: A pass worker not seen for this long no longer holds back the pruning of the change
+#: feed; when it comes back it reads everything again (binder.models.FeedReader).
+GPUPLANE_FEED_RETENTION_SECONDS = env_int("GPUPLANE_FEED_RETENTION_SECONDS", 900, minimum=1)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every
 #: pass, holding the pass lock, between reading and writing. Never set it in production.

@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from prometheus_client import generate_latest
 
 from binder import models
@@ -268,8 +270,13 @@ def test_the_state_is_rebuilt_whenever_it_cannot_be_proven_current(monkeypatch: 
     assert [n.unschedulable for n in state.records["Node"].values()] == [True]
     assert run_pass(models.PassKind.FULL, state).view == "unchanged"  # nothing changed since: no engine
     assert run_pass(models.PassKind.FULL, other).view == "rebuilt"  # another worker's first pass
-    assert run_pass(models.PassKind.FULL, state).view == "rebuilt"  # ...which this one did not follow
-    assert run_pass(models.PassKind.ANSWER, state).view == "incremental"  # answer passes count as passes
+    # ...which this one follows through the feed: the other's writes left entries too.
+    assert run_pass(models.PassKind.FULL, state).view in ("incremental", "unchanged")
+    assert run_pass(models.PassKind.ANSWER, other).view == "incremental"
+    assert run_pass(models.PassKind.ANSWER, state).view == "incremental"
+    # A worker judged gone (its FeedReader row pruned as stale) reads everything again.
+    models.FeedReader.objects.filter(worker=other.worker).delete()
+    assert run_pass(models.PassKind.FULL, other).view == "rebuilt"
 
     def boom(*args: Any) -> Any:
         raise RuntimeError("injected")
@@ -425,3 +432,30 @@ def test_a_pass_skips_only_its_own_writes_in_the_feed() -> None:
     record = state.records["GPU"][device.pk]
     assert record.bind_request == "req-after-the-pass"
     assert record.answered_request == "req-after-the-pass"  # and the pass answered it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pruning_keeps_what_another_live_worker_has_not_read(settings: Any) -> None:
+    """Two workers take turns: one's pruning never deletes an entry the other has not
+    applied while the other is live; once it is not seen for GPUPLANE_FEED_RETENTION_SECONDS
+    its row goes, pruning moves on, and it reads everything again."""
+    load_objects(small())
+    ahead, behind = ClusterState(), ClusterState()
+    run_pass(models.PassKind.FULL, behind)
+    behind_at = behind.position
+    for flag in (True, False, True):
+        models.Node.objects.filter(name="n1").update(unschedulable=flag)
+        run_pass(models.PassKind.FULL, ahead)
+    # ahead pruned, but kept every entry after behind's position.
+    assert models.Change.objects.filter(position__gt=behind_at).count() >= 3
+    follow = run_pass(models.PassKind.FULL, behind)
+    assert follow.view == "incremental"
+    assert [n.unschedulable for n in behind.records["Node"].values()] == [True]
+
+    models.FeedReader.objects.filter(worker=behind.worker).update(updated=timezone.now() - timedelta(hours=1))
+    settings.GPUPLANE_FEED_RETENTION_SECONDS = 60
+    models.Node.objects.filter(name="n1").update(unschedulable=False)
+    run_pass(models.PassKind.FULL, ahead)
+    assert not models.FeedReader.objects.filter(worker=behind.worker).exists()
+    assert not models.Change.objects.filter(position__lte=behind.position).exclude(kind="*").exists()
+    assert run_pass(models.PassKind.FULL, behind).view == "rebuilt"

@@ -26,9 +26,15 @@ connections.
 **When the state is thrown away and everything read again** (``rebuild``): a new process
 (nothing in memory); the feed was truncated (a ``T`` entry) or went backwards (its highest
 position is below ours); a namespace was renamed; the previous pass in this process
-failed or rolled back; or the last pass recorded in the database (``PassRun``: id,
-``worker``, ``feed_position``) is not the one this state ran last: another worker ran a
-pass this one did not follow, or a rollback undid ours.
+failed or rolled back; or this worker's row in ``FeedReader`` is gone or not at its
+position (it was not seen for ``GPUPLANE_FEED_RETENTION_SECONDS``, so pruning stopped
+keeping its entries).
+
+**Workers taking turns** (two binder replicas on one queue) follow each other's passes
+through the feed like any other writer's changes: a pass's writes leave entries like
+everyone's. That needs pruning never to delete an entry a live worker has not applied,
+so each worker records its position and horizon (``FeedReader``) in its pass and a pass
+prunes only below the lowest live position, keeping every live horizon's transactions.
 
 The engine stays pure: this module hands it an ordinary :class:`~binder.engine.Cluster`
 (and, for an answer pass, just the requested sets plus the ledger of everything).
@@ -49,7 +55,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import connection
+from django.db.models.functions import Now
 
 from binder import models
 from binder.engine import Ledger, PassResult, build_ledger
@@ -174,9 +182,10 @@ class ClusterState:
         self.mark = ""
         #: The position of that entry: ``position``, or an anchor above it (see :meth:`_anchor`).
         self.mark_at = 0
+        #: The token this worker's last pass recorded in its ``FeedReader`` row.
+        self.reader_token = ""
         #: Feed entries below this position were deleted by :meth:`prune`.
         self.pruned = 0
-        self.last_run: tuple[int, str, int | None] | None = None
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
         self._deadlines: list[datetime] | None = None
@@ -210,6 +219,7 @@ class ClusterState:
         catch-ups found (and what they wrote) is kept for the next full pass.
         """
         catch = self._catch_up()
+        self.record_reader()
         if kind == models.PassKind.FULL:
             if catch.view == "incremental":
                 catch.absorb(self.pending)
@@ -250,10 +260,25 @@ class ClusterState:
     def _not_provable(self) -> str:
         if not self.valid:
             return self.why_invalid
-        last = models.PassRun.objects.order_by("-id").values_list("id", "worker", "feed_position").first()
-        if last != self.last_run:
-            return "the last pass in the database is not the one this worker ran last"
+        recorded = models.FeedReader.objects.filter(worker=self.worker).values_list("position", "token").first()
+        if recorded is None:
+            return (
+                "this worker's place in the change feed is no longer recorded (not seen for "
+                "GPUPLANE_FEED_RETENTION_SECONDS): entries it needs may have been pruned"
+            )
+        if recorded != (self.position, self.reader_token):
+            return "this worker's last pass is not the one recorded (it was rolled back)"
         return ""
+
+    def record_reader(self) -> None:
+        """Record this worker's feed position and horizon (in the pass's transaction), so
+        no other worker's pruning deletes an entry it has not applied (``FeedReader``),
+        with a new token: a pass rolled back after it committed in memory leaves the
+        previous token, and the next catch-up rebuilds."""
+        self.reader_token = uuid.uuid4().hex
+        values = {"position": self.position, "horizon": list(self.horizon), "token": self.reader_token}
+        if not models.FeedReader.objects.filter(worker=self.worker).update(**values, updated=Now()):
+            models.FeedReader.objects.create(worker=self.worker, **values)
 
     def rebuild(self, reason: str) -> Catchup:
         """Read the whole mirror again (the feed cursor first, then the rows: see the module doc)."""
@@ -555,22 +580,29 @@ class ClusterState:
         return self._deadlines
 
     def prune(self) -> int:
-        """Delete the feed entries this worker has applied (in the pass's transaction).
+        """Delete the feed entries every live worker has applied (in the pass's transaction).
 
-        Kept: entries at or above ``position`` (the entry at the mark among them) and those
-        of transactions that were in progress at the last read (they may still commit
-        below it, see the module doc). Another worker loses nothing it needs: the pass it
-        did not follow makes it rebuild anyway.
+        Readers not seen for ``GPUPLANE_FEED_RETENTION_SECONDS`` are forgotten (they read
+        everything again when they return). Kept: entries at or above the lowest position
+        of the others (each one's mark among them: a mark is at or above its position) and
+        those of transactions in any reader's horizon (they may still commit below it, see
+        the module doc), so a worker that follows another's passes through the feed loses
+        nothing it needs.
         """
-        if self.position <= self.pruned:
+        retention = timedelta(seconds=django_settings.GPUPLANE_FEED_RETENTION_SECONDS)
+        models.FeedReader.objects.filter(updated__lt=Now() - retention).exclude(worker=self.worker).delete()
+        readers = list(models.FeedReader.objects.values_list("position", "horizon"))
+        floor = min([self.position, *(position for position, _ in readers)])
+        if floor <= self.pruned:
             return 0
+        keep = sorted({*self.horizon, *(int(x) for _, horizon in readers for x in horizon)})
         deleted, _ = (
-            models.Change.objects.filter(position__lt=self.position)
-            .exclude(xid__in=self.horizon)
+            models.Change.objects.filter(position__lt=floor)
+            .exclude(xid__in=keep)
             .exclude(position=self.mark_at)
             .delete()
         )
-        self.pruned = self.position
+        self.pruned = floor
         return deleted
 
     # -- after the pass ----------------------------------------------------------------------
@@ -610,7 +642,6 @@ class ClusterState:
             self.last_full = None
             self.pending.changed["GPU"] |= {d.key for d in result.devices}
             self.pending.dirty_sets |= {d.set_key for d in result.devices}
-        self.last_run = (run.pk, run.worker, run.feed_position)
 
     def adopt(self, other: ClusterState) -> None:
         """Continue from ``other`` (a verification's rebuilt state), keeping this worker's name."""
@@ -636,6 +667,7 @@ class ClusterState:
             setattr(self, name, getattr(other, name))
         self.last_full = None
         self.status_written = None
+        self.record_reader()
 
     def usage_subjects(self, catch: Catchup, result: PassResult) -> Subjects:
         """The usage-record subjects this pass must reconcile (SPEC §7), before :meth:`passed`:

@@ -24,6 +24,7 @@ from binder import models
 from binder.actions import full_pass_now, retry_lost_set
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
+from binder.reports.explanations import explanation_html, explanations_now
 
 
 @admin.action(description="Run a full pass now")
@@ -133,8 +134,17 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "answered_request",
         "answer",
         "decision_history",
+        "placement_explanation",
     ]
     actions = [run_full_pass]
+
+    # -- issue 18 item 1: why a Lost or Pending device's set does not fit, worked out now --
+    @admin.display(description="why not placed, now")
+    def placement_explanation(self, obj: models.GpuDevice) -> str:
+        if obj.pk is None or obj.phase == models.Phase.BOUND:
+            return "-"
+        why = explanations_now(timezone.now()).get((obj.namespace.name, obj.vm_name))
+        return explanation_html(why) if why else "-"
 
     @admin.display(description="why is this GPU here?")
     def decision_history(self, obj: models.GpuDevice) -> str:

@@ -24,6 +24,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from binder.engine import Holding, ledger_for
 from binder.engine import types as e
+from binder.engine.explain import Explainer, Explanation
+from binder.reports.explanations import explanation_html
 from gpuplane.staff.palette import tenant_colour
 
 #: Cells drawn per strip (one node's resource) and per Lost set; past it a count stands in
@@ -95,6 +97,11 @@ class LostSetCells:
     since: datetime | None
     reason: str
     cells: SafeString
+    explanation: Explanation | None = None
+
+    @property
+    def explained(self) -> SafeString:
+        return explanation_html(self.explanation) if self.explanation else SafeString("")
 
 
 @dataclass(slots=True)
@@ -123,6 +130,8 @@ class Board:
     nodes_total: int = 0
     cells: int = 0
     pending_devices: int = 0
+    pending: list[Explanation] = field(default_factory=list)
+    """Sets with Pending devices (and none Lost), explained now."""
 
     @property
     def rows_html(self) -> SafeString:
@@ -220,7 +229,16 @@ def build_board(
         markers = _markers(node, strips)
         rows.append(Row(name, markers, strips, " ".join(m for m, _ in markers)))
 
-    lost = _lost_sets(cluster, classes, filters, tenant_css, legend)
+    explainer = Explainer(cluster, ledger, holdings)
+    lost = _lost_sets(cluster, classes, filters, tenant_css, legend, explainer)
+    pending_keys = sorted({d.set_key for d in cluster.devices if d.phase is e.Phase.PENDING})
+    pending = [
+        why
+        for key in pending_keys
+        if (not wanted or key[0] == wanted)
+        and (why := explainer.explain(key)).phase is e.Phase.PENDING
+        and (not filters.class_name or any(d.class_name == filters.class_name for d in explainer.ledger.devices(key)))
+    ]
     shown = [legend[ns] for ns in tenants if legend[ns].units or legend[ns].lost_units or ns == wanted]
     return Board(
         rows=rows,
@@ -233,6 +251,7 @@ def build_board(
         nodes_total=len(node_names),
         cells=cell_count,
         pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
+        pending=pending,
     )
 
 
@@ -333,6 +352,7 @@ def _lost_sets(
     filters: Filters,
     tenant_css: Callable[[str], str],
     legend: dict[str, Legend],
+    explainer: Explainer,
 ) -> list[LostSetCells]:
     """Lost sets hold no node but still count in budgets: one hatched cell per unit."""
     sets: dict[tuple[str, str], list[e.Device]] = defaultdict(list)
@@ -366,6 +386,7 @@ def _lost_sets(
                 since=min((d.since for d in devices if d.since), default=None),
                 reason=devices[0].reason,
                 cells=mark_safe(cells),  # noqa: S308 - the title is escaped
+                explanation=explainer.explain((namespace, vm)),
             )
         )
     return out

@@ -33,7 +33,7 @@ def _block(html: str, marker: str) -> str:
 
 def test_board_explains_the_lost_and_pending_sets(admin_client: Client, demo: None) -> None:
     html = admin_client.get(reverse("admin:placement-board")).content.decode()
-    lost = _block(html, 'class="lost-set" data-set="team-nlp/llm-train-a"')
+    lost = _block(html, 'id="lost-team-nlp-llm-train-a"')
     assert "needs 8 × h100 on one node; the largest gap is 0 on hgx-h100-01" in lost
     assert 'class="vmi notready"' in lost and "running on hgx-h100-05, which is NotReady since" in lost
     assert "on hgx-h100-05: bring it back to Ready" in lost

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from django import forms
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -31,8 +32,9 @@ from binder.actions import full_pass_now
 from binder.mirror.read import read_cluster
 from binder.reports.budgets import budget_bars
 from binder.reports.history import HistoryQueryError, decision_log
-from gpuplane.staff.board import BoardFilterError, Filters, build_board
-from gpuplane.staff.palette import categorical, tenant_colour
+from gpuplane.staff.board import PAGE_SIZE, BoardFilterError, Filters, build_board
+from gpuplane.staff.palette import OTHER, categorical, ranked_colours
+from gpuplane.staff.snapshot import snapshot
 from usage.api.renderers import SafeWriter
 from usage.daily import MAX_DAYS, daily_gpu_hours, stacked_bars
 from usage.models import UsageRecord
@@ -62,20 +64,49 @@ def _namespaces() -> list[str]:
     return list(models.Namespace.objects.values_list("name", flat=True))
 
 
+def node_url(name: str) -> str:
+    """A node's page: the admin's node page (``admin:node-detail``) when the site has one,
+    else its plain path (one place to switch)."""
+    try:
+        return reverse("admin:node-detail", args=[name])
+    except NoReverseMatch:
+        return f"{reverse('admin:index')}nodes/{quote(name)}/"
+
+
+def _board_filters(request: HttpRequest) -> Filters:
+    """The board's parameters; a page that is not a positive number is a BoardFilterError."""
+    raw_page = request.GET.get("page", "").strip()
+    if raw_page and not (raw_page.isdigit() and int(raw_page) > 0):
+        raise BoardFilterError(f"'page' must be a positive whole number, not {raw_page!r}")
+    return Filters(
+        class_name=request.GET.get("class", "").strip(),
+        tenant=request.GET.get("tenant", "").strip(),
+        problems=request.GET.get("problems", "") not in ("", "0"),
+        sort=request.GET.get("sort", "").strip() or "name",
+        page=int(raw_page) if raw_page else 0,
+        q=request.GET.get("q", "").strip(),
+    )
+
+
 @require_GET
 def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
-    """Nodes × units, coloured by tenant; ``?class=`` and ``?tenant=`` narrow it."""
+    """Nodes × units, coloured by tenant, a page of rows at a time; ``?class=``,
+    ``?tenant=``, ``?problems=1`` narrow it, ``?sort=`` orders it, ``?q=ns/vm`` (or a node)
+    highlights a set and opens its page."""
     _require(request, "binder.view_gpudevice", "binder.view_node")
-    filters = Filters(class_name=request.GET.get("class", "").strip(), tenant=request.GET.get("tenant", "").strip())
-    cluster, ids = read_cluster(timezone.now())
+    snap = snapshot(timezone.now())
     try:
+        filters = _board_filters(request)
         board = build_board(
-            cluster,
-            ids,
+            snap.cluster,
+            snap.ids,
             filters,
             device_url=reverse("admin:binder_gpudevice_changelist"),
             pod_url=reverse("admin:binder_pod_changelist"),
             namespaces=_namespaces(),
+            node_url=node_url,
+            ledger=snap.ledger,
+            holdings=snap.holdings,
         )
     except BoardFilterError as exc:
         return _render(
@@ -85,8 +116,12 @@ def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
             "Placement board",
             status=400,
             error=str(exc),
-            classes=sorted(c.name for c in cluster.classes),
-            filters=filters,
+            classes=sorted(c.name for c in snap.cluster.classes),
+            filters=Filters(
+                class_name=request.GET.get("class", ""),
+                tenant=request.GET.get("tenant", ""),
+                q=request.GET.get("q", ""),
+            ),
         )
     return _render(
         request,
@@ -95,11 +130,12 @@ def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
         "Placement board",
         is_nav_sidebar_enabled=False,  # the board needs the width
         board=board,
-        filters=filters,
+        filters=board.filters,
         classes=board.classes,
-        tenants=board.tenants,
-        colours=[(item.css, item.colour) for item in board.legend],
+        colours=[(item.css, item.colour) for item in board.legend if item.css != "tz"],
+        other_colour=OTHER,
         grace=settings.GPUPLANE_NODE_GRACE_SECONDS,
+        page_size=PAGE_SIZE,
     )
 
 
@@ -202,7 +238,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         (
             "tenant",
             "GPU-hours per day per tenant",
-            stacked_bars(days, by_tenant, {t: tenant_colour(t) for t in by_tenant}),
+            stacked_bars(days, by_tenant, ranked_colours(sorted(by_tenant, key=lambda t: -sum(by_tenant[t].values())))),
         ),
         (
             "class",

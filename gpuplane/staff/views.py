@@ -32,6 +32,7 @@ from binder.actions import full_pass_now
 from binder.mirror.read import read_cluster
 from binder.reports.budgets import budget_bars
 from binder.reports.history import HistoryQueryError, decision_log
+from gpuplane.staff.billing import RatesError, TenantTotal, parse_rates, presets, ranked
 from gpuplane.staff.board import PAGE_SIZE, BoardFilterError, Filters, build_board
 from gpuplane.staff.palette import OTHER, categorical, ranked_colours
 from gpuplane.staff.snapshot import snapshot
@@ -168,7 +169,10 @@ class ChartForm(forms.Form):
         self.fields["to"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
         self.fields["tenant"] = forms.CharField(required=False, max_length=63)
         self.fields["class"] = forms.CharField(required=False, max_length=253)
-        self.fields["format"] = forms.ChoiceField(required=False, choices=[("", "page"), ("csv", "CSV")])
+        self.fields["format"] = forms.ChoiceField(
+            required=False, choices=[("", "page"), ("csv", "CSV"), ("billing", "billing CSV")]
+        )
+        self.fields["rates"] = forms.CharField(required=False, max_length=2000)
         for name in ("from", "to"):
             self.fields[name].error_messages["invalid"] = f"'{name}' must be a date as YYYY-MM-DD"
 
@@ -206,6 +210,10 @@ class ChartForm(forms.Form):
         ):
             self.add_error("class", f"unknown class {key!r}: no GPU class or usage record has that key")
         data.update({"from": first, "to": last, "tenant": tenant, "class": key})
+        try:
+            data["rate_table"] = parse_rates(data.get("rates") or settings.GPUPLANE_BILLING_RATES)
+        except RatesError as exc:
+            self.add_error("rates", str(exc))
         return data
 
 
@@ -214,7 +222,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
     """GPU-hours per day per tenant and per class, as SVG bars; ``?format=csv`` exports them."""
     _require(request, "usage.view_usagerecord")
     form = ChartForm(request.GET, now=timezone.now())
-    wants_csv = request.GET.get("format") == "csv"
+    wants_csv = request.GET.get("format") in ("csv", "billing")
     if not form.is_valid():
         problems = [
             f"{field if field != '__all__' else 'window'}: {e}" for field, errs in form.errors.items() for e in errs
@@ -229,6 +237,9 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         return _render(request, site, "usage_chart.html", "Usage chart", status=400, errors=problems, form=form)
     params = form.cleaned_data
     daily = daily_gpu_hours(params["from"], params["to"], params["at"], namespace=params["tenant"], key=params["class"])
+    table = ranked(daily, params["rate_table"])
+    if request.GET.get("format") == "billing":
+        return _billing_csv(table, daily.first, daily.last, f"billing-{daily.first}-{daily.last}.csv")
     if wants_csv:
         return _csv(daily.rows(), f"gpu-hours-{daily.first}-{daily.last}.csv")
     days = daily.days
@@ -249,6 +260,16 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
     query = request.GET.copy()
     for name, value in (("from", daily.first), ("to", daily.last), ("at", params["at"].isoformat()), ("format", "csv")):
         query[name] = str(value)  # replaces (QueryDict.update would append)
+    billing_query = query.copy()
+    billing_query["format"] = "billing"
+    preset_links = []
+    for label, first, last in presets(params["at"].date()):
+        preset = request.GET.copy()
+        for name in ("at", "format"):
+            preset.pop(name, None)
+        preset["from"], preset["to"] = str(first), str(last)
+        current = (first, last) == (daily.first, daily.last)
+        preset_links.append((label, f"{request.path}?{preset.urlencode()}", current))
     return _render(
         request,
         site,
@@ -260,6 +281,12 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         charts=charts,
         total=daily.total,
         csv_url=f"{request.path}?{query.urlencode()}",
+        billing_url=f"{request.path}?{billing_query.urlencode()}",
+        presets=preset_links,
+        ranked=table,
+        rates=params["rate_table"],
+        rates_text=params.get("rates", ""),
+        rates_from_setting=not params.get("rates") and bool(settings.GPUPLANE_BILLING_RATES),
         tenants=sorted(set(_namespaces()) | set(by_tenant)),
         classes=sorted(set(models.GpuClass.objects.values_list("name", flat=True)) | set(by_key)),
     )
@@ -272,6 +299,30 @@ def _csv(rows: list[tuple[date, str, str, float]], filename: str) -> HttpRespons
     writer.writerow(["day", "tenant", "class", "gpu_hours"])
     for day, namespace, key, hours in rows:
         writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}"])
+    return response
+
+
+def _billing_csv(table: list[TenantTotal], first: date, last: date, filename: str) -> HttpResponse:
+    """One row per tenant and key: GPU-hours inside the window (records cut at its edges),
+    share of all GPU-hours in it, rate and amount (empty without a rate)."""
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    writer = SafeWriter(response)
+    writer.writerow(["from", "to", "tenant", "class", "gpu_hours", "share", "rate", "amount"])
+    for tenant in table:
+        for line in tenant.lines:
+            writer.writerow(
+                [
+                    first.isoformat(),
+                    last.isoformat(),
+                    line.tenant,
+                    line.key,
+                    f"{line.hours:.6f}",
+                    f"{line.share:.6f}",
+                    "" if line.rate is None else str(line.rate),
+                    "" if line.amount is None else str(line.amount),
+                ]
+            )
     return response
 
 

@@ -191,6 +191,9 @@ class Explainer:
     _ranked: dict[tuple[tuple[str, ...], str, frozenset[tuple[str, str]]], list[tuple[int, str, str]]] = field(
         default_factory=dict
     )
+    _base: dict[tuple[tuple[tuple[str, ...], str, frozenset[tuple[str, str]]], int], _Base] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.classes: dict[str, GpuClass] = {c.name: c for c in self.cluster.classes}
@@ -266,14 +269,31 @@ class Explainer:
                 ranked.append((self.ledger.free(node.name, resource), node.name, why))
             ranked.sort(key=lambda r: (-r[0], r[1]))
             self._ranked[cache_key] = ranked
-        big_enough = [r for r in ranked if self.nodes[r[1]].allocatable.get(resource, 0) >= units]
-        # The set's own units (its launcher pod's raw booking) are room for it on their node.
-        rooms = [(free + own.get((name, resource), 0), name, why) for free, name, why in big_enough]
-        takers = [r for r in rooms if not r[2]]
+        base = self._base.get((cache_key, units))
+        if base is None:
+            big = [r for r in ranked if self.nodes[r[1]].allocatable.get(resource, 0) >= units]
+            base = _Base(
+                takers=[r for r in big if not r[2]],
+                options=sorted(big, key=lambda r: _option_order(r, units)),
+                by_name={r[1]: r for r in big},
+            )
+            self._base[(cache_key, units)] = base
+        # The set's own units (its launcher pod's raw booking, its Bound devices) are room
+        # for it on their node: only those few nodes differ from the shared ranking, and
+        # extra room only moves a node up, so the shared top entries plus them suffice.
+        mine = {name for (name, res) in own if res == resource and name in base.by_name}
+
+        def with_own(r: tuple[int, str, str]) -> tuple[int, str, str]:
+            return (r[0] + own.get((r[1], resource), 0), r[1], r[2])
+
+        adjusted = [with_own(base.by_name[name]) for name in sorted(mine)]
+        takers = [r for r in base.takers[: 1 + len(mine)] if r[1] not in mine] + [r for r in adjusted if not r[2]]
         gap = min(takers, key=lambda r: (-r[0], r[1]), default=None)
         # Fewest changes first: units to free, then a state staff can change (Ready,
         # cordon, drain) before a label or taint mismatch, which is last of all.
-        candidates = sorted(rooms, key=lambda r: (_rank(r[2]) == 2, max(0, units - r[0]), _rank(r[2]), r[1]))
+        shared = [r for r in base.options[: MAX_OPTIONS + len(mine)] if r[1] not in mine]
+        candidates = sorted(shared + adjusted, key=lambda r: _option_order(r, units))
+        big_enough = base.by_name
         options = []
         for room, name, why in candidates[:MAX_OPTIONS]:
             change = _change(why, self.nodes[name]) if why else ""
@@ -290,6 +310,22 @@ class Explainer:
             options=tuple(options),
             nodes_offering=len(big_enough),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """Nodes with enough allocatable for a need, ranked once per class, selector and size."""
+
+    takers: list[tuple[int, str, str]]
+    """Nodes that may take it, the most free first."""
+    options: list[tuple[int, str, str]]
+    """Every such node in the order options are offered."""
+    by_name: dict[str, tuple[int, str, str]]
+
+
+def _option_order(entry: tuple[int, str, str], units: int) -> tuple[bool, int, int, str]:
+    room, name, why = entry
+    return (_rank(why) == 2, max(0, units - room), _rank(why), name)
 
 
 def _rank(why: str) -> int:

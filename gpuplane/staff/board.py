@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from html import escape
+from typing import Any
 from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
@@ -42,6 +43,8 @@ MAX_CELLS = 256
 #: Node rows per page.
 PAGE_SIZE = 100
 #: ``?sort=``: by node name, by free units (for new units), by state (the worst first).
+#: Summaries kept per snapshot (filter and order combinations) before the memo is emptied.
+MEMO_SIZE = 16
 SORTS = ("name", "-name", "free", "-free", "state", "-state")
 #: How bad a node state is, for ``sort=state`` (worst first) and "only problem nodes".
 SEVERITY = {"deleted": 5, "notready": 4, "overbooked": 3, "draining": 2, "cordoned": 1}
@@ -280,13 +283,16 @@ def build_board(
     node_url: Callable[[str], str] | None = None,
     ledger: Ledger | None = None,
     holdings: Mapping[str, list[Holding]] | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> Board:
     """The board of ``cluster`` narrowed by ``filters``, one page of it drawn.
 
     ``ids`` maps (namespace, device name) to the device's row id (as ``read_cluster``
     returns it); ``device_url`` is the device admin's URL prefix (``…/gpudevice/``),
     ``pod_url`` the pod changelist and ``node_url`` a node's page. ``ledger`` and
-    ``holdings`` may come from a cache of the same snapshot. Raises
+    ``holdings`` may come from a cache of the same snapshot, and ``memo`` (a dict kept
+    with that snapshot) keeps the summed rows per filter and order, so paging a 10,000-node
+    board draws one page without summing every node again. Raises
     :class:`BoardFilterError` for an unknown class, tenant or order.
     """
     classes = {c.name: c for c in cluster.classes}
@@ -304,9 +310,9 @@ def build_board(
 
     ledger = ledger if ledger is not None else ledger_for(cluster)
     holdings = holdings if holdings is not None else ledger.holdings()
-    rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, holdings, filters, wanted)
-    explainer = Explainer(cluster, ledger, holdings)
-    lost_sets = _lost_devices(cluster, filters)
+    work = _remembered(memo, cluster, ledger, holdings, filters, wanted)
+    rows, totals, units_by_tenant, node_count = work.rows, work.totals, work.units_by_tenant, work.node_count
+    lost_sets = work.lost_sets
     lost_units = Counter[str]()
     for (namespace, _vm), devices in lost_sets.items():
         lost_units[namespace] += sum(classes[d.class_name].units_per_device for d in devices if d.class_name in classes)
@@ -327,12 +333,15 @@ def build_board(
         found = legend.get(namespace)
         return found.css if found else "tz"
 
-    rows.sort(key=_sort_key(filters.sort), reverse=filters.sort.startswith("-"))
     pages = max(1, -(-len(rows) // PAGE_SIZE))
     found, target = _find(filters.q, rows, lost_sets, holdings)
     page = filters.page or (target // PAGE_SIZE + 1 if target is not None else 1)
     page = min(max(page, 1), pages)
-    shown = rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    # Copies: the summarised rows may be shared with other requests (``memo``).
+    shown = [
+        replace(row, strips=[replace(strip) for strip in row.strips])
+        for row in rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    ]
     cells = _Cells(device_url, pod_url, tenant_css, filters.q)
     cell_count = 0
     for row in shown:
@@ -341,18 +350,10 @@ def build_board(
             strip.cells, count = cells.strip(row.node, strip.allocatable, strip.held, ids)
             cell_count += count
 
-    lost = _lost_sets(lost_sets, classes, tenant_css, explainer, filters.q)
-    pending = [
-        why
-        for key in sorted({d.set_key for d in cluster.devices if d.phase is e.Phase.PENDING})
-        if (not wanted or key[0] == wanted)
-        and (not filters.class_name or any(d.class_name == filters.class_name for d in ledger.devices(key)))
-        and (why := explainer.explain(key)).phase is e.Phase.PENDING
-    ]
+    lost = _lost_sets(lost_sets, classes, tenant_css, work.explanations, filters.q)
     top = [legend[ns] for ns in ranked[: len(PALETTE)]]
     if wanted and legend[wanted] not in top:
         top.append(legend[wanted])
-    gaps = class_gaps(cluster, ledger)
     return Board(
         rows=shown,
         legend=top,
@@ -361,16 +362,79 @@ def build_board(
         classes=sorted(classes),
         tenants=tenants,
         resources={r: (t[0], t[1], t[2]) for r, t in sorted(totals.items())},
-        gaps=[g for g in gaps if not filters.class_name or g.class_name == filters.class_name],
+        gaps=[g for g in work.gaps if not filters.class_name or g.class_name == filters.class_name],
         nodes_total=node_count,
         nodes_matching=len(rows),
         cells=cell_count,
-        pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
-        pending=pending,
+        pending_devices=work.pending_devices,
+        pending=work.pending,
         page=page,
         pages=pages,
         other_tenants=max(0, len(ranked) - len(PALETTE)),
         found=found,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """What a board's pages share for one snapshot, filter and order: every matching row
+    summed and sorted, and the Lost and Pending sets explained."""
+
+    rows: list[Row]
+    totals: dict[str, list[int]]
+    units_by_tenant: Counter[str]
+    node_count: int
+    lost_sets: dict[tuple[str, str], list[e.Device]]
+    explanations: dict[tuple[str, str], Explanation]
+    pending: list[Explanation]
+    pending_devices: int
+    gaps: list[ClassGap]
+
+
+def _remembered(
+    memo: dict[object, Any] | None,
+    cluster: e.Cluster,
+    ledger: Ledger,
+    holdings: Mapping[str, list[Holding]],
+    filters: Filters,
+    wanted: str,
+) -> _Work:
+    key = ("board", filters.class_name, wanted, filters.problems, filters.sort)
+    work = memo.get(key) if memo is not None else None
+    if work is None:
+        work = _summarise(cluster, ledger, holdings, filters, wanted)
+        if memo is not None:
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[key] = work
+    assert isinstance(work, _Work)  # noqa: S101 - only _Work is stored under a board key
+    return work
+
+
+def _summarise(
+    cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
+) -> _Work:
+    rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, holdings, filters, wanted)
+    rows.sort(key=_sort_key(filters.sort), reverse=filters.sort.startswith("-"))
+    explainer = Explainer(cluster, ledger, holdings)
+    lost_sets = _lost_devices(cluster, filters)
+    pending = [
+        why
+        for key in sorted({d.set_key for d in cluster.devices if d.phase is e.Phase.PENDING})
+        if (not wanted or key[0] == wanted)
+        and (not filters.class_name or any(d.class_name == filters.class_name for d in ledger.devices(key)))
+        and (why := explainer.explain(key)).phase is e.Phase.PENDING
+    ]
+    return _Work(
+        rows=rows,
+        totals=totals,
+        units_by_tenant=units_by_tenant,
+        node_count=node_count,
+        lost_sets=lost_sets,
+        explanations={key: explainer.explain(key) for key in lost_sets},
+        pending=pending,
+        pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
+        gaps=class_gaps(cluster, ledger),
     )
 
 
@@ -587,7 +651,7 @@ def _lost_sets(
     sets: Mapping[tuple[str, str], list[e.Device]],
     classes: dict[str, e.GpuClass],
     tenant_css: Callable[[str], str],
-    explainer: Explainer,
+    explanations: Mapping[tuple[str, str], Explanation],
     q: str,
 ) -> list[LostSetCells]:
     """Lost sets hold no node but still count in budgets: one hatched cell per unit."""
@@ -614,7 +678,7 @@ def _lost_sets(
                 since=since,
                 reason=devices[0].reason,
                 cells=mark_safe(cells),  # noqa: S308 - the title is escaped
-                explanation=explainer.explain((namespace, vm)),
+                explanation=explanations.get((namespace, vm)),
             )
         )
     return out

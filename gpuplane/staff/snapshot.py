@@ -19,8 +19,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import connection
@@ -40,6 +41,8 @@ class Snapshot:
     ids: dict[tuple[str, str], int]
     ledger: Ledger
     holdings: Mapping[str, list[Holding]]
+    memo: dict[object, Any] = field(default_factory=dict)
+    """What pages derive from this snapshot (the board's summed rows per filter and order)."""
 
 
 _lock = threading.Lock()

@@ -108,6 +108,7 @@ def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
             node_url=node_url,
             ledger=snap.ledger,
             holdings=snap.holdings,
+            memo=snap.memo,
         )
     except BoardFilterError as exc:
         return _render(

@@ -249,11 +249,14 @@ def _when(moment: datetime | None) -> str:
 
 
 def _sort_key(sort: str) -> Callable[[Row], tuple[object, ...]]:
-    column = sort.lstrip("-")
+    """Rows by ``sort``: descending orders put the most free (the worst state) first, ties
+    by name either way."""
+    column, descending = sort.lstrip("-"), sort.startswith("-")
+    sign = -1 if descending else 1
     if column == "free":
-        return lambda r: (r.free, r.node)
+        return lambda r: (sign * r.free, r.node)
     if column == "state":
-        return lambda r: (r.severity, r.node)
+        return lambda r: (sign * r.severity, r.node)
     return lambda r: (r.node,)
 
 
@@ -415,7 +418,7 @@ def _summarise(
     cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
 ) -> _Work:
     rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, holdings, filters, wanted)
-    rows.sort(key=_sort_key(filters.sort), reverse=filters.sort.startswith("-"))
+    rows.sort(key=_sort_key(filters.sort), reverse=filters.sort == "-name")
     explainer = Explainer(cluster, ledger, holdings)
     lost_sets = _lost_devices(cluster, filters)
     pending = [

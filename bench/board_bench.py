@@ -261,7 +261,7 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
         page = context.new_page()
         page.goto(url, wait_until="load")  # warms the browser's cache of the static files
         for mode in ("cold", "warm"):
-            fcp, painted = [], []
+            fcp, painted, ttfb = [], [], []
             for _ in range(runs):
                 if mode == "cold":
                     forget()
@@ -269,16 +269,20 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
                 figures = page.evaluate(
                     """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
                         const painted = performance.now();
+                        const nav = performance.getEntriesByType("navigation")[0];
+                        const ttfb = nav ? nav.responseStart : NaN;
                         const rows = document.querySelectorAll("#gp-board tr.node").length;
                         new PerformanceObserver(list => {
                             const fcp = list.getEntries().find(e => e.name === "first-contentful-paint");
-                            if (fcp) { done({fcp: fcp.startTime, painted: painted, rows: rows}); }
+                            if (fcp) { done({fcp: fcp.startTime, painted: painted, ttfb: ttfb, rows: rows}); }
                         }).observe({type: "paint", buffered: true});
-                        setTimeout(() => done({fcp: NaN, painted: painted, rows: rows}), 5000);
+                        setTimeout(() => done({fcp: NaN, painted: painted, ttfb: ttfb, rows: rows}), 5000);
                     })))"""
                 )
                 fcp.append(figures["fcp"] / 1000)
                 painted.append(figures["painted"] / 1000)
+                ttfb.append(figures["ttfb"] / 1000)
+            out[f"browser_{mode}_first_byte_median_s"] = statistics.median(ttfb)
             out[f"browser_{mode}_fcp_median_s"] = statistics.median(fcp)
             out[f"browser_{mode}_painted_median_s"] = statistics.median(painted)
             out[f"browser_{mode}_painted_max_s"] = max(painted)

@@ -43,6 +43,8 @@ MAX_CELLS = 256
 #: Node rows per page.
 PAGE_SIZE = 100
 #: ``?sort=``: by node name, by free units (for new units), by state (the worst first).
+#: Lost sets drawn and explained on the board (all of them are on the Lost sets page).
+MAX_LOST = 20
 #: Summaries kept per snapshot (filter and order combinations) before the memo is emptied.
 MEMO_SIZE = 16
 SORTS = ("name", "-name", "free", "-free", "state", "-state")
@@ -194,6 +196,7 @@ class Board:
     nodes_matching: int = 0
     cells: int = 0
     pending_devices: int = 0
+    lost_total: int = 0
     pending: list[Explanation] = field(default_factory=list)
     """Sets with Pending devices (and none Lost), explained now."""
     page: int = 1
@@ -353,7 +356,12 @@ def build_board(
             strip.cells, count = cells.strip(row.node, strip.allocatable, strip.held, ids)
             cell_count += count
 
-    lost = _lost_sets(lost_sets, classes, tenant_css, work.explanations, filters.q)
+    # The first Lost sets (and the one ``q`` names): the Lost sets page lists them all.
+    shown_lost = dict(list(lost_sets.items())[:MAX_LOST])
+    if filters.q in {f"{ns}/{vm}" for ns, vm in lost_sets}:
+        key = tuple(filters.q.split("/", 1))
+        shown_lost[(key[0], key[1])] = lost_sets[(key[0], key[1])]
+    lost = _lost_sets(shown_lost, classes, tenant_css, work.explainer, filters.q)
     top = [legend[ns] for ns in ranked[: len(PALETTE)]]
     if wanted and legend[wanted] not in top:
         top.append(legend[wanted])
@@ -370,6 +378,7 @@ def build_board(
         nodes_matching=len(rows),
         cells=cell_count,
         pending_devices=work.pending_devices,
+        lost_total=len(lost_sets),
         pending=work.pending,
         page=page,
         pages=pages,
@@ -388,7 +397,7 @@ class _Work:
     units_by_tenant: Counter[str]
     node_count: int
     lost_sets: dict[tuple[str, str], list[e.Device]]
-    explanations: dict[tuple[str, str], Explanation]
+    explainer: Explainer
     pending: list[Explanation]
     pending_devices: int
     gaps: list[ClassGap]
@@ -434,7 +443,7 @@ def _summarise(
         units_by_tenant=units_by_tenant,
         node_count=node_count,
         lost_sets=lost_sets,
-        explanations={key: explainer.explain(key) for key in lost_sets},
+        explainer=explainer,
         pending=pending,
         pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
         gaps=class_gaps(cluster, ledger),
@@ -654,7 +663,7 @@ def _lost_sets(
     sets: Mapping[tuple[str, str], list[e.Device]],
     classes: dict[str, e.GpuClass],
     tenant_css: Callable[[str], str],
-    explanations: Mapping[tuple[str, str], Explanation],
+    explainer: Explainer,
     q: str,
 ) -> list[LostSetCells]:
     """Lost sets hold no node but still count in budgets: one hatched cell per unit."""
@@ -681,7 +690,7 @@ def _lost_sets(
                 since=since,
                 reason=devices[0].reason,
                 cells=mark_safe(cells),  # noqa: S308 - the title is escaped
-                explanation=explanations.get((namespace, vm)),
+                explanation=explainer.explain((namespace, vm)),
             )
         )
     return out

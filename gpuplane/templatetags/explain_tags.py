@@ -1,6 +1,6 @@
 """``{% load explain_tags %}``: Lost and Pending sets explained, on pages whose view is not
 ours to change (the Lost sets view is binder's changelist). The mirror is read once per
-page render however many rows ask."""
+page render however many rows ask (and not at all while the board's cached snapshot is current)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from binder.engine.accounting import SetKey
-from binder.engine.explain import Explanation
+from binder.engine.explain import Explainer, Explanation
 from binder.engine.types import Phase
-from binder.reports.explanations import explanation_html, explanations_now
+from binder.reports.explanations import explanation_html
+from gpuplane.staff.snapshot import snapshot
 
 register = template.Library()
 
@@ -22,7 +23,10 @@ register = template.Library()
 def _explanations(context: Any) -> dict[SetKey, Explanation]:
     cache = context.render_context
     if "gp_explanations" not in cache:
-        cache["gp_explanations"] = explanations_now(timezone.now())
+        snap = snapshot(timezone.now())  # the board's snapshot, reused while the mirror is unchanged
+        explainer = Explainer(snap.cluster, snap.ledger, snap.holdings)
+        keys = sorted({d.set_key for d in snap.cluster.devices if d.phase is not Phase.BOUND})
+        cache["gp_explanations"] = {key: explainer.explain(key) for key in keys}
     found: dict[SetKey, Explanation] = cache["gp_explanations"]
     return found
 

@@ -35,11 +35,16 @@ document.addEventListener("DOMContentLoaded", function () {
     panel.style.left = ""; panel.style.top = "";
     if (window.innerWidth < 600) { panel.classList.add("sheet"); return; }  // a phone: a sheet at the bottom
     panel.classList.remove("sheet");
+    // Beside the node's units (not over the set): right of the strip, else below the cell.
     var rect = cell.getBoundingClientRect();
+    var strip = (cell.closest(".strip") || cell.closest("td") || cell).getBoundingClientRect();
     var width = panel.offsetWidth, height = panel.offsetHeight;
-    var left = rect.right + 10;
-    if (left + width > window.innerWidth - 8) { left = Math.max(8, rect.left - width - 10); }
-    var top = Math.min(Math.max(8, rect.top - 8), Math.max(8, window.innerHeight - height - 8));
+    var left = strip.right + 12, top = rect.top - 8;
+    if (left + width > window.innerWidth - 8) {
+      left = Math.min(Math.max(8, rect.left), window.innerWidth - width - 8);
+      top = rect.bottom + 8;
+    }
+    top = Math.min(Math.max(8, top), Math.max(8, window.innerHeight - height - 8));
     panel.style.left = (left + window.scrollX) + "px";
     panel.style.top = (top + window.scrollY) + "px";
   }

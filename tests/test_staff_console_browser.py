@@ -223,8 +223,9 @@ def test_phone_sized_board_has_32px_targets_and_a_panel_on_screen(
     )
     assert sizes and all(w >= 32 and h >= 32 for w, h in sizes), sizes[:3]
     wide = page.evaluate(
-        """() => [...document.querySelectorAll("body *")].filter(e => e.getBoundingClientRect().right > 391)
-                 .map(e => e.tagName + "#" + e.id + "." + e.className + " " + Math.round(e.getBoundingClientRect().right))"""
+        """() => [...document.querySelectorAll("body *")]
+                 .filter(e => e.getBoundingClientRect().right > 391)
+                 .map(e => e.tagName + "." + e.className + " " + Math.round(e.getBoundingClientRect().right))"""
     )
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 390, wide[:12]
     page.locator('tr[data-node="hgx-h100-02"] a.u').first.tap()

@@ -276,6 +276,7 @@ def test_sync_and_passes_settle_the_cluster_and_then_go_quiet(apiserver: Running
     stop = threading.Event()
     threads = sync.run_forever(stop, relist_seconds=300, watch_seconds=2)
     try:
+
         def order_bound() -> bool:
             gpus = cluster_gpus(apiserver)
             return all((gpus[("t2", f"vm9-gpu{i}")].get("status") or {}).get("phase") == "Bound" for i in (0, 1))

@@ -73,6 +73,7 @@ def test_the_vmis_notready_node_is_flagged_and_its_own_pod_counts_as_room() -> N
     back, uncordon, free = why.needs[0].options
     assert (back.room, back.to_free) == (8, 0)  # its own launcher pod books n5: room for itself
     assert back.sentence().startswith("on n5: bring it back to Ready")
+    assert back.sentence().endswith("; this set already books 8 units there")
     assert uncordon.sentence() == "on n4: uncordon it and free 2 (held by set team-nlp/serve (2))"
     assert free.to_free == 8
     assert "would fit: on n5: bring it back to Ready" in why.text()

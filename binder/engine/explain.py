@@ -53,9 +53,13 @@ class Option:
     to_free: int
     change: str = ""
     holders: tuple[Holder, ...] = ()
+    own: int = 0
+    """Units there the set books already (its launcher pod's raw usage, its Bound devices)."""
 
     def sentence(self) -> str:
         steps = [self.change] if self.change else []
+        if self.own and self.change:
+            steps[0] += f"; this set already books {self.own} units there"
         if self.to_free > 0:
             steps.append(f"free {self.to_free} (held by {_holders(self.holders)})")
         if not steps:
@@ -299,7 +303,7 @@ class Explainer:
             change = _change(why, self.nodes[name]) if why else ""
             to_free = max(0, units - room)
             held = holders_of(self.holdings.get(name, ()), resource, key) if to_free else ()
-            options.append(Option(name, max(room, 0), to_free, change, held))
+            options.append(Option(name, max(room, 0), to_free, change, held, own.get((name, resource), 0)))
         return Need(
             resource=resource,
             classes=class_names,

@@ -161,3 +161,12 @@ def test_demo_command_prints_the_history(settings: Any) -> None:
     out = io.StringIO()
     call_command("demo", stdout=out)
     assert "usage history:" in out.getvalue()
+
+
+def test_chart_legends_are_ranked(admin_client: Client, records: None, clock: Any) -> None:
+    clock.now = NOW
+    html = admin_client.get(reverse(CHART), {"from": str(DAY), "to": str(DAY + timedelta(days=2))}).content.decode()
+    tenant_legend = html.split('id="chart-tenant"', 1)[1].split('class="gp-legend"', 1)[1].split("</div>", 1)[0]
+    assert tenant_legend.index('data-series="team-a"') < tenant_legend.index('data-series="team-b"')
+    class_legend = html.split('id="chart-class"', 1)[1].split('class="gp-legend"', 1)[1].split("</div>", 1)[0]
+    assert class_legend.index('data-series="h100"') < class_legend.index('data-series="a10"')  # 82 h before 24 h

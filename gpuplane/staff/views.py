@@ -258,6 +258,8 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
             stacked_bars(days, by_key, {k: categorical(i) for i, k in enumerate(by_key)}),
         ),
     ]
+    for _, _, chart in charts:
+        chart.legend.sort(key=lambda item: (-item[2], item[0]))  # ranked: the most GPU-hours first
     query = request.GET.copy()
     for name, value in (("from", daily.first), ("to", daily.last), ("at", params["at"].isoformat()), ("format", "csv")):
         query[name] = str(value)  # replaces (QueryDict.update would append)

@@ -25,6 +25,7 @@ from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
 from binder.reports.formatting import age, duration_ms, duration_s, iso
+from binder.reports.explanations import explanation_html, explanations_now
 
 
 @admin.action(description="Run a full pass now")
@@ -215,6 +216,7 @@ class GpuDeviceAdmin(MirrorAdmin):
         "answered_request",
         "answer",
         "decision_history",
+        "placement_explanation",
     ]
     actions = [run_full_pass]
 
@@ -227,6 +229,13 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
+    # -- issue 18 item 1: why a Lost or Pending device's set does not fit, worked out now --
+    @admin.display(description="why not placed, now")
+    def placement_explanation(self, obj: models.GpuDevice) -> str:
+        if obj.pk is None or obj.phase == models.Phase.BOUND:
+            return "-"
+        why = explanations_now(timezone.now()).get((obj.namespace.name, obj.vm_name))
+        return explanation_html(why) if why else "-"
 
     @admin.display(description="why is this GPU here?")
     def decision_history(self, obj: models.GpuDevice) -> str:

@@ -213,8 +213,8 @@ class DatabaseCollector(Collector):
         by_class = GaugeMetricFamily(
             "gpuplane_class_devices",
             f"GPU devices by class and phase. Devices naming a class that does not exist count under "
-            f"class=\"{NO_SUCH_CLASS}\"; past {MAX_CLASS_LABELS} classes the rest count under "
-            f"class=\"{OTHER_CLASSES}\"; names are cut to {MAX_LABEL_LENGTH} characters.",
+            f'class="{NO_SUCH_CLASS}"; past {MAX_CLASS_LABELS} classes the rest count under '
+            f'class="{OTHER_CLASSES}"; names are cut to {MAX_LABEL_LENGTH} characters.',
             labels=["class", "phase"],
         )
         for label, per_phase in class_series(existing, counts).items():
@@ -260,8 +260,6 @@ def parse_error_metric() -> Metric:
     for kind, model in MODELS.items():
         family.add_metric([kind], model.objects.exclude(parse_error="").count())
     return family
-
-
 
 
 # -- the broker ---------------------------------------------------------------------------------

@@ -353,7 +353,6 @@ class Decision(models.Model):
     reason = models.TextField(blank=True)
     created = models.DateTimeField()
 
-
     objects = TenantQuerySet.as_manager()
 
     class Meta:
@@ -387,7 +386,6 @@ class BindAnswer(models.Model):
     requested_at = models.DateTimeField(null=True, blank=True)
     answered_at = models.DateTimeField()
     latency_ms = models.FloatField(null=True, blank=True, help_text="answered_at - requested_at")
-
 
     objects = TenantQuerySet.as_manager()
 

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 #: Kinds in the order the first list goes: namespaces before what lives in them.
 SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
 
+
 def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
     """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
 

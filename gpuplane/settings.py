@@ -297,6 +297,9 @@ GPUPLANE_WATCH_SECONDS = env_int("GPUPLANE_WATCH_SECONDS", 60, minimum=1)
 #: keep it below the webhook's timeoutSeconds, 10 by default).
 GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
+#: Billing rates per class (or raw resource) key per GPU-hour for the usage chart's ranked
+#: table and billing CSV, e.g. "h100=2.50,a10=0.60"; the page's "rates" field overrides it.
+GPUPLANE_BILLING_RATES = os.environ.get("GPUPLANE_BILLING_RATES", "")
 #: A queued full pass waits behind answer passes at most this long (SPEC §4 fairness).
 GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS", 5.0)
 #: SPEC §4 Freshness: every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,

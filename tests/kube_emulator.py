@@ -418,7 +418,7 @@ class ApiServer(kmock.KubernetesEmulator):
             namespace.setdefault("status", {})["phase"] = "Terminating"
             self._bump(namespace)
             self._emit(BY_PATH[("", "v1", "namespaces")], "MODIFIED", namespace)
-        for (plural, ns, obj_name) in [k for k in self.store.objects if k[1] == name]:
+        for plural, ns, obj_name in [k for k in self.store.objects if k[1] == name]:
             kind = next(k for k in KINDS if k.plural == plural)
             self.delete(kind, ns, obj_name)
         self._namespace_maybe_gone(name)

@@ -35,8 +35,7 @@ def zoned(name: str, zone: str, units: int) -> dict[str, Any]:
 
 def requested(vm: str, n: int, selector: dict[str, str], request: str = "r1") -> list[e.Device]:
     return [
-        e.Device("t1", f"{vm}-gpu{i}", "h100", vm, bind_request=request, bind_node_selector=selector)
-        for i in range(n)
+        e.Device("t1", f"{vm}-gpu{i}", "h100", vm, bind_request=request, bind_node_selector=selector) for i in range(n)
     ]
 
 

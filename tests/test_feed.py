@@ -144,10 +144,16 @@ def test_every_write_path_reaches_the_feed(admin_client: Client, tmp_path: Path)
         ("QuerySet.update", queryset_update, [("GPU", "g0", "U")]),
         ("bulk_update", bulk_update, [("Pod", "raw", "U")]),
         ("bulk_create update_conflicts", bulk_create_update_conflicts, [("GPUBudget", "gpu-budget", "U")]),
-        ("raw SQL", raw_sql, [("VirtualMachineInstance", "vm1", "U"), ("Node", "raw-node", "I"),
-                              ("Node", "raw-node", "D")]),  # fmt: skip
-        ("write_parsed, mirror_event, mirror_list", mirror_writers, [("Node", "n2", "I"), ("Node", "n2", "U"),
-                                                                     ("Node", "n2", "D")]),  # fmt: skip
+        (
+            "raw SQL",
+            raw_sql,
+            [("VirtualMachineInstance", "vm1", "U"), ("Node", "raw-node", "I"), ("Node", "raw-node", "D")],
+        ),  # fmt: skip
+        (
+            "write_parsed, mirror_event, mirror_list",
+            mirror_writers,
+            [("Node", "n2", "I"), ("Node", "n2", "U"), ("Node", "n2", "D")],
+        ),  # fmt: skip
         ("admin change form", admin_change_form, [("GPUClass", "h100", "U")]),
         ("the pass's own writes", the_pass, [("GPU", "g0", "U"), ("GPU", "g1", "U")]),
     ]

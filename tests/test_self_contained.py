@@ -32,9 +32,7 @@ PARENT_CHAIN = re.compile(r"Path\(__file__\)\.resolve\(\)((?:\.parent)+)")
 
 def tracked_files() -> list[Path]:
     try:
-        listing = subprocess.run(
-            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
-        ).stdout
+        listing = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: nothing tracked to scan")
     return [ROOT / name for name in listing.split("\0") if name]
@@ -75,10 +73,7 @@ def escapes(path: Path, text: str) -> list[str]:
 
 def test_no_tracked_file_refers_to_a_path_outside_the_repository() -> None:
     problems = [
-        problem
-        for path in tracked_files()
-        if (text := text_of(path)) is not None
-        for problem in escapes(path, text)
+        problem for path in tracked_files() if (text := text_of(path)) is not None for problem in escapes(path, text)
     ]
     assert not problems, "\n".join(problems)
 

@@ -21,6 +21,7 @@ def is_draining(labels: Mapping[str, object]) -> bool:
     """A node labelled ``gpuplane.io/drain=true`` (any case) is being drained (SPEC §4 step 2)."""
     return str(labels.get(DRAIN_LABEL, "")).lower() == "true"
 
+
 #: Taint effects that keep new pods off a node; PreferNoSchedule is only a preference.
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 #: Taints the node lifecycle controller writes (not-ready, unreachable, unschedulable, ...):

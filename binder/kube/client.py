@@ -216,9 +216,7 @@ class KubeApi:
         step 4; removed when the VMI has none, so an older request's selector does not stay)."""
         selector = json.dumps(dict(node_selector), sort_keys=True, separators=(",", ":")) if node_selector else None
         body = {
-            "metadata": {
-                "annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}
-            }
+            "metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}}
         }
         return self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body)
 

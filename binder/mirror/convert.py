@@ -102,9 +102,7 @@ def node_from(
     ready_since: datetime | None,
     taints: list[Any] | None = None,
 ) -> e.Node:
-    return e.Node(
-        name, _ints(allocatable), dict(labels or {}), unschedulable, ready, ready_since, taints_from(taints)
-    )
+    return e.Node(name, _ints(allocatable), dict(labels or {}), unschedulable, ready, ready_since, taints_from(taints))
 
 
 def budget_from(namespace: str, name: str, limits: Values | None) -> e.Budget:

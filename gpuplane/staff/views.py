@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from django import forms
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -31,8 +32,10 @@ from binder.actions import full_pass_now, staff_trigger
 from binder.mirror.read import read_cluster
 from binder.reports.budgets import budget_bars
 from binder.reports.history import HistoryQueryError, decision_log
-from gpuplane.staff.board import BoardFilterError, Filters, build_board
-from gpuplane.staff.palette import categorical, tenant_colour
+from gpuplane.staff.billing import RatesError, TenantTotal, parse_rates, presets, ranked
+from gpuplane.staff.board import PAGE_SIZE, BoardFilterError, Filters, build_board
+from gpuplane.staff.palette import OTHER, categorical, ranked_colours
+from gpuplane.staff.snapshot import snapshot
 from usage.api.renderers import SafeWriter
 from usage.daily import MAX_DAYS, daily_gpu_hours, stacked_bars
 from usage.models import UsageRecord
@@ -62,20 +65,50 @@ def _namespaces() -> list[str]:
     return list(models.Namespace.objects.values_list("name", flat=True))
 
 
+def node_url(name: str) -> str:
+    """A node's page: the admin's node page (``admin:node-detail``) when the site has one,
+    else its plain path (one place to switch)."""
+    try:
+        return reverse("admin:node-detail", args=[name])
+    except NoReverseMatch:
+        return f"{reverse('admin:index')}nodes/{quote(name)}/"
+
+
+def _board_filters(request: HttpRequest) -> Filters:
+    """The board's parameters; a page that is not a positive number is a BoardFilterError."""
+    raw_page = request.GET.get("page", "").strip()
+    if raw_page and not (raw_page.isdigit() and int(raw_page) > 0):
+        raise BoardFilterError(f"'page' must be a positive whole number, not {raw_page!r}")
+    return Filters(
+        class_name=request.GET.get("class", "").strip(),
+        tenant=request.GET.get("tenant", "").strip(),
+        problems=request.GET.get("problems", "") not in ("", "0"),
+        sort=request.GET.get("sort", "").strip() or "name",
+        page=int(raw_page) if raw_page else 0,
+        q=request.GET.get("q", "").strip(),
+    )
+
+
 @require_GET
 def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
-    """Nodes × units, coloured by tenant; ``?class=`` and ``?tenant=`` narrow it."""
+    """Nodes × units, coloured by tenant, a page of rows at a time; ``?class=``,
+    ``?tenant=``, ``?problems=1`` narrow it, ``?sort=`` orders it, ``?q=ns/vm`` (or a node)
+    highlights a set and opens its page."""
     _require(request, "binder.view_gpudevice", "binder.view_node")
-    filters = Filters(class_name=request.GET.get("class", "").strip(), tenant=request.GET.get("tenant", "").strip())
-    cluster, ids = read_cluster(timezone.now())
+    snap = snapshot(timezone.now())
     try:
+        filters = _board_filters(request)
         board = build_board(
-            cluster,
-            ids,
+            snap.cluster,
+            snap.ids,
             filters,
             device_url=reverse("admin:binder_gpudevice_changelist"),
             pod_url=reverse("admin:binder_pod_changelist"),
             namespaces=_namespaces(),
+            node_url=node_url,
+            ledger=snap.ledger,
+            holdings=snap.holdings,
+            memo=snap.memo,
         )
     except BoardFilterError as exc:
         return _render(
@@ -85,8 +118,12 @@ def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
             "Placement board",
             status=400,
             error=str(exc),
-            classes=sorted(c.name for c in cluster.classes),
-            filters=filters,
+            classes=sorted(c.name for c in snap.cluster.classes),
+            filters=Filters(
+                class_name=request.GET.get("class", ""),
+                tenant=request.GET.get("tenant", ""),
+                q=request.GET.get("q", ""),
+            ),
         )
     return _render(
         request,
@@ -95,11 +132,12 @@ def placement_board(request: HttpRequest, site: AdminSite) -> HttpResponse:
         "Placement board",
         is_nav_sidebar_enabled=False,  # the board needs the width
         board=board,
-        filters=filters,
+        filters=board.filters,
         classes=board.classes,
-        tenants=board.tenants,
-        colours=[(item.css, item.colour) for item in board.legend],
+        colours=[(item.css, item.colour) for item in board.legend if item.css != "tz"],
+        other_colour=OTHER,
         grace=settings.GPUPLANE_NODE_GRACE_SECONDS,
+        page_size=PAGE_SIZE,
     )
 
 
@@ -132,7 +170,10 @@ class ChartForm(forms.Form):
         self.fields["to"] = forms.DateField(required=False, input_formats=["%Y-%m-%d"])
         self.fields["tenant"] = forms.CharField(required=False, max_length=63)
         self.fields["class"] = forms.CharField(required=False, max_length=253)
-        self.fields["format"] = forms.ChoiceField(required=False, choices=[("", "page"), ("csv", "CSV")])
+        self.fields["format"] = forms.ChoiceField(
+            required=False, choices=[("", "page"), ("csv", "CSV"), ("billing", "billing CSV")]
+        )
+        self.fields["rates"] = forms.CharField(required=False, max_length=2000)
         for name in ("from", "to"):
             self.fields[name].error_messages["invalid"] = f"'{name}' must be a date as YYYY-MM-DD"
 
@@ -170,6 +211,10 @@ class ChartForm(forms.Form):
         ):
             self.add_error("class", f"unknown class {key!r}: no GPU class or usage record has that key")
         data.update({"from": first, "to": last, "tenant": tenant, "class": key})
+        try:
+            data["rate_table"] = parse_rates(data.get("rates") or settings.GPUPLANE_BILLING_RATES)
+        except RatesError as exc:
+            self.add_error("rates", str(exc))
         return data
 
 
@@ -178,7 +223,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
     """GPU-hours per day per tenant and per class, as SVG bars; ``?format=csv`` exports them."""
     _require(request, "usage.view_usagerecord")
     form = ChartForm(request.GET, now=timezone.now())
-    wants_csv = request.GET.get("format") == "csv"
+    wants_csv = request.GET.get("format") in ("csv", "billing")
     if not form.is_valid():
         problems = [
             f"{field if field != '__all__' else 'window'}: {e}" for field, errs in form.errors.items() for e in errs
@@ -193,6 +238,9 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         return _render(request, site, "usage_chart.html", "Usage chart", status=400, errors=problems, form=form)
     params = form.cleaned_data
     daily = daily_gpu_hours(params["from"], params["to"], params["at"], namespace=params["tenant"], key=params["class"])
+    table = ranked(daily, params["rate_table"])
+    if request.GET.get("format") == "billing":
+        return _billing_csv(table, daily.first, daily.last, f"billing-{daily.first}-{daily.last}.csv")
     if wants_csv:
         return _csv(daily.rows(), f"gpu-hours-{daily.first}-{daily.last}.csv")
     days = daily.days
@@ -202,7 +250,7 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         (
             "tenant",
             "GPU-hours per day per tenant",
-            stacked_bars(days, by_tenant, {t: tenant_colour(t) for t in by_tenant}),
+            stacked_bars(days, by_tenant, ranked_colours(sorted(by_tenant, key=lambda t: -sum(by_tenant[t].values())))),
         ),
         (
             "class",
@@ -210,9 +258,21 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
             stacked_bars(days, by_key, {k: categorical(i) for i, k in enumerate(by_key)}),
         ),
     ]
+    for _, _, chart in charts:
+        chart.legend.sort(key=lambda item: (-item[2], item[0]))  # ranked: the most GPU-hours first
     query = request.GET.copy()
     for name, value in (("from", daily.first), ("to", daily.last), ("at", params["at"].isoformat()), ("format", "csv")):
         query[name] = str(value)  # replaces (QueryDict.update would append)
+    billing_query = query.copy()
+    billing_query["format"] = "billing"
+    preset_links = []
+    for label, first, last in presets(params["at"].date()):
+        preset = request.GET.copy()
+        for name in ("at", "format"):
+            preset.pop(name, None)
+        preset["from"], preset["to"] = str(first), str(last)
+        current = (first, last) == (daily.first, daily.last)
+        preset_links.append((label, f"{request.path}?{preset.urlencode()}", current))
     return _render(
         request,
         site,
@@ -224,6 +284,12 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
         charts=charts,
         total=daily.total,
         csv_url=f"{request.path}?{query.urlencode()}",
+        billing_url=f"{request.path}?{billing_query.urlencode()}",
+        presets=preset_links,
+        ranked=table,
+        rates=params["rate_table"],
+        rates_text=params.get("rates", ""),
+        rates_from_setting=not params.get("rates") and bool(settings.GPUPLANE_BILLING_RATES),
         tenants=sorted(set(_namespaces()) | set(by_tenant)),
         classes=sorted(set(models.GpuClass.objects.values_list("name", flat=True)) | set(by_key)),
     )
@@ -236,6 +302,30 @@ def _csv(rows: list[tuple[date, str, str, float]], filename: str) -> HttpRespons
     writer.writerow(["day", "tenant", "class", "gpu_hours"])
     for day, namespace, key, hours in rows:
         writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}"])
+    return response
+
+
+def _billing_csv(table: list[TenantTotal], first: date, last: date, filename: str) -> HttpResponse:
+    """One row per tenant and key: GPU-hours inside the window (records cut at its edges),
+    share of all GPU-hours in it, rate and amount (empty without a rate)."""
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    writer = SafeWriter(response)
+    writer.writerow(["from", "to", "tenant", "class", "gpu_hours", "share", "rate", "amount"])
+    for tenant in table:
+        for line in tenant.lines:
+            writer.writerow(
+                [
+                    first.isoformat(),
+                    last.isoformat(),
+                    line.tenant,
+                    line.key,
+                    f"{line.hours:.6f}",
+                    f"{line.share:.6f}",
+                    "" if line.rate is None else str(line.rate),
+                    "" if line.amount is None else str(line.amount),
+                ]
+            )
     return response
 
 

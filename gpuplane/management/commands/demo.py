@@ -10,11 +10,13 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from binder.mirror.snapshot import SnapshotError, load_file
 from binder.models import GpuDevice, PassKind, Phase
 from binder.runtime.passes import run_pass
 from gpuplane.management.addrport import ensure_free
+from gpuplane.management.demo_history import load_history
 from usage.tenancy import issue_token
 
 #: The demo's tenant login for the API: a token that reads this namespace only.
@@ -50,6 +52,7 @@ class Command(BaseCommand):
                 f"full pass {run.pk}: bound {run.bound}, moved {run.moved}, lost {run.lost}, "
                 f"refused {run.refused}, restored {run.restored}, {run.devices_written} devices written"
             )
+        self.stdout.write(f"usage history: {load_history(timezone.now())} records of the last 14 days added")
         counts = {phase: GpuDevice.objects.filter(phase=phase).count() for phase in Phase.values}
         self.stdout.write("devices: " + ", ".join(f"{n} {phase}" for phase, n in counts.items()))
 

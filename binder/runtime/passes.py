@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from binder import apiserver, models
 from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from binder.engine import types as e
-from binder.mirror.read import engine_settings, read_cluster
+from binder.mirror.read import engine_settings
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.locking import pass_lock
@@ -60,43 +60,40 @@ def run_pass(kind: str = models.PassKind.FULL, state: ClusterState | None = None
 
 def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
     clock = time.perf_counter()
-    fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
         run = models.PassRun(kind=kind, started=now, worker=state.worker)
         options = engine_settings()
         catch: Catchup | None = None
         ledger_used = False
-        if apiserver.cluster_mode():
-            # SPEC §4: devices from the API server, not a cache; the mirror read in full.
-            fresh = cluster.read_fresh()
-            snapshot, ids = read_cluster(now)
-            run.view, run.rows_read = "full-read", _rows(snapshot)
-            result = ENGINES[kind](snapshot)
-        else:
-            catch = state.catch_up(kind)
-            run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
-            run.dirty_sets = len(catch.dirty_sets)
-            # What the pass saw: the whole state for a full pass (the usage step reads its
-            # classes and pods), only the requested sets for an answer pass (SPEC §4).
+        # Cluster mode, before the catch-up: a note is committed with its row's deletion
+        # (binder.runtime.cluster), so the catch-up applies every deletion noted here.
+        releasing = cluster.releases_due() if apiserver.cluster_mode() and kind == models.PassKind.FULL else []
+        # Cluster mode too: the sync keeps the mirror current and the feed brings this
+        # state current; the pass's own writes are mirrored by write_status (SPEC §4).
+        catch = state.catch_up(kind)
+        run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
+        run.dirty_sets = len(catch.dirty_sets)
+        # What the pass saw: the whole state for a full pass (the usage step reads its
+        # classes and pods), only the requested sets for an answer pass (SPEC §4).
+        snapshot, ids = _view(kind, state, now, options), state.device_ids
+        result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
+        if unchanged:
+            run.view = "unchanged"
+        if catch.view != "rebuilt" and _verification_due(state):
+            result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
             snapshot, ids = _view(kind, state, now, options), state.device_ids
-            result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
-            if unchanged:
-                run.view = "unchanged"
-            if catch.view != "rebuilt" and _verification_due(state):
-                result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
-                snapshot, ids = _view(kind, state, now, options), state.device_ids
-                run.feed_position = state.position
-                # A mismatch means the feed's list of changed subjects cannot be trusted either.
-                catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
+            run.feed_position = state.position
+            # A mismatch means the feed's list of changed subjects cannot be trusted either.
+            catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
         run.devices_seen = len(snapshot.devices)
         run.save()
         if not snapshot.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
-        if fresh is not None:
-            result, run.writes_failed = cluster.write_status(result, fresh)
+        if apiserver.cluster_mode():
+            result, run.writes_failed = cluster.write_status(result, state)
         write_result(run, result, ids)
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
@@ -113,9 +110,11 @@ def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
             notify_answers(run.pk)
     if catch is not None:
         state.passed(run, kind, now, options, result, ledger_used)
-    if fresh is not None and kind == models.PassKind.FULL and fresh.deleting:
+    if run.writes_failed:
+        state.refused_writes()
+    if releasing:
         # After commit: the released devices' usage records are closed for good.
-        run.finalizers_released = cluster.release_finalizers(fresh)
+        run.finalizers_released = cluster.release_finalizers(releasing)
         run.save(update_fields=["finalizers_released"])
     log.info(
         "%s pass %s (%s view, %d rows read, %d dirty sets): %d devices, %d written, bound=%d moved=%d lost=%d"

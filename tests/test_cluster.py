@@ -445,11 +445,12 @@ def test_sync_and_passes_settle_the_cluster_and_then_go_quiet(apiserver: Running
 def test_sync_lag_and_counts_are_exported(apiserver: RunningApiServer, client: Any) -> None:
     apiserver.seed(namespace_obj("t1"), gpu_obj("t1", "g0", "h100", "vm0"))
     sync.sync_once()
-    models.SyncStatus.objects.filter(kind="GPU").update(lag_seconds=0.25, events=7, gone=1)
+    models.SyncStatus.objects.filter(kind="GPU").update(lag_seconds=0.25, events=7, gone=1, stale=3)
     text = client.get("/metrics").content.decode()
     assert 'gpuplane_sync_lag_seconds{kind="GPU"} 0.25' in text
     assert 'gpuplane_sync_events_total{kind="GPU"} 7.0' in text
     assert 'gpuplane_sync_gone_total{kind="GPU"} 1.0' in text
+    assert 'gpuplane_sync_stale_total{kind="GPU"} 3.0' in text
     assert 'gpuplane_sync_listed_objects{kind="GPU"} 1.0' in text
 
 
@@ -502,7 +503,20 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
         runner = sync.KindSync(kind, stop, relist_seconds=1, watch_seconds=1)
         runner.resource_version = str(apiserver.server.store.revision)
         runner.watch_until(time.monotonic() + 1)
-    run_pass("full")  # fresh reads, status of devices, classes and budgets, VMIs read fresh
+    # Status of devices, classes and budgets (the first write of each kind meets a 409, so
+    # that one object is read again), VMIs read fresh.
+    conflicted: set[str] = set()
+
+    def first_status_write_conflicts(verb: str, kind: Any, ns: str, target: str) -> int | None:
+        if target.endswith("/status") and kind.plural not in conflicted:
+            conflicted.add(kind.plural)
+            return 409
+        return None
+
+    apiserver.server.fail_writes = first_status_write_conflicts
+    run_pass("full")
+    apiserver.server.fail_writes = None
+    assert conflicted == {"gpus", "gpuclasses", "gpubudgets"}
     body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
     allowed_patch(post(client, body), body)  # the webhook's bind-request annotation
     apiserver.request("DELETE", f"{GPUS}/gpuclasses/a10")  # the operator's call, not gpuplane's

@@ -246,12 +246,8 @@ def mirror_list(
     keep: list[Parsed] = []
     refused: list[Refused] = []
     releasing: list[Mapping[str, Any]] = []
-    versions: dict[tuple[str, str], str] = {}
     for obj in items:
         bad, parsed = kept(kind, obj)
-        key = storable_key(kind, obj)
-        if key is not None:
-            versions[key] = resource_version(obj)
         if bad is not None:
             refused.append(bad)
         if parsed is not None:
@@ -274,11 +270,10 @@ def mirror_list(
             keep = fresh
         write_parsed(keep)
         mark_refused(kind, refused)
-        stale = [
-            row_id
-            for row_id, ns, name, version in _versions(kind)
-            if (ns, name) not in wanted_keys and not older(list_version, version)
-        ]
+        missing = {(row_id, ns, name) for row_id, ns, name, _ in _versions(kind) if (ns, name) not in wanted_keys}
+        # Locked and checked again: a row a pass wrote after the list was taken stays.
+        now = _locked_versions(kind, [(ns, name) for _, ns, name in missing]) if kind in VERSIONED else {}
+        stale = sorted(row_id for row_id, ns, name in missing if not older(list_version, now.get((ns, name), "")))
         for start in range(0, len(stale), 1000):
             MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
         if kind in RELEASED_BY_BINDER:

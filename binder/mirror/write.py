@@ -420,34 +420,37 @@ def _at(stored: Mapping[tuple[str, str], str], parsed: Parsed) -> bool:
     return bool(version) and stored.get((parsed.namespace, parsed.name)) == version
 
 
-def _versions(kind: str) -> Any:
-    """``(id, namespace, name, resourceVersion)`` of every row of ``kind`` ("" unversioned)."""
+def _versions(kind: str, names: Iterable[str] | None = None, queryset: Any = None) -> Any:
+    """``(id, namespace, name, resourceVersion)`` of the rows of ``kind`` ("" unversioned),
+    of ``names`` only if given."""
     version: Any = "resource_version" if kind in VERSIONED else Value("")
+    rows = queryset if queryset is not None else MODELS[kind].objects.order_by()
+    if names is not None:
+        rows = rows.filter(name__in=list(names))
     if kube_client.RESOURCES[kind].namespaced:
-        return MODELS[kind].objects.values_list("id", "namespace__name", "name", version)
-    return MODELS[kind].objects.values_list("id", Value(""), "name", version)
+        return rows.values_list("id", "namespace__name", "name", version)
+    return rows.values_list("id", Value(""), "name", version)
 
 
 def _locked_versions(kind: str, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Lock the rows of ``keys`` (in id order) and return their versions: a concurrent
-    writer of the same row (the pass, the sync) waits, then sees this write's version."""
+    """Lock the rows of ``keys`` and return their versions: a concurrent writer of the same
+    row (the pass, the sync, the webhook) waits, then sees this write's version. Rows are
+    locked in id order, as every writer here locks them, so two writers cannot deadlock."""
     wanted = set(keys)
     if not wanted:
         return {}
-    model = MODELS[kind]
-    namespaced = kube_client.RESOURCES[kind].namespaced
-    found: dict[tuple[str, str], str] = {}
     names = sorted({name for _, name in wanted})
-    for start in range(0, len(names), 1000):
-        rows = model.objects.select_for_update(of=("self",)).filter(name__in=names[start : start + 1000])
-        if namespaced:
-            rows = rows.filter(namespace__name__in={ns for ns, _ in wanted})
-            listed = rows.order_by("id").values_list("namespace__name", "name", "resource_version")
-        else:
-            listed = rows.order_by("id").values_list(Value(""), "name", "resource_version")
-        for ns, name, version in listed:
-            if (ns, name) in wanted:
-                found[(ns, name)] = version
+    ids = sorted(
+        row_id
+        for start in range(0, len(names), 1000)
+        for row_id, ns, name, _ in _versions(kind, names[start : start + 1000])
+        if (ns, name) in wanted
+    )
+    found: dict[tuple[str, str], str] = {}
+    for start in range(0, len(ids), 1000):
+        rows = MODELS[kind].objects.select_for_update(of=("self",)).filter(id__in=ids[start : start + 1000])
+        for _, ns, name, version in _versions(kind, queryset=rows.order_by("id")):
+            found[(ns, name)] = version
     return found
 
 

@@ -20,7 +20,8 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
-## demo: migrate a SQLite database, load deploy/demo/cluster.yaml, place it, serve on $(ADDRPORT)
+## demo: check $(ADDRPORT) is free, then migrate a SQLite database, load deploy/demo/cluster.yaml, place it,
+## serve on $(ADDRPORT) (another: make demo ADDRPORT=127.0.0.1:8001)
 demo: $(VENV)/.runtime
 	$(PY) manage.py demo --serve --addrport $(ADDRPORT)
 

@@ -20,16 +20,33 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from binder import models
-from binder.actions import full_pass_now, retry_lost_set
+from binder import apiserver, models
+from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
+from binder.reports.formatting import age, duration_ms, duration_s, iso
 
 
 @admin.action(description="Run a full pass now")
 def run_full_pass(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:  # type: ignore[type-arg]
-    outcome = full_pass_now()
+    outcome = full_pass_now(staff_trigger(request.user.get_username()))
     modeladmin.message_user(request, outcome.message, messages.ERROR if outcome.error else messages.SUCCESS)
+
+
+#: A retry is a success only when the set is Bound afterwards (binder.actions.RetryOutcome.level).
+RETRY_LEVELS = {
+    "error": messages.ERROR,
+    "warning": messages.WARNING,
+    "info": messages.INFO,
+    "success": messages.SUCCESS,
+}
+
+
+def node_link(name: str) -> str:
+    """A node name linked to its node page (``admin:node-detail``); "-" for no node."""
+    if not name:
+        return "-"
+    return format_html('<a class="node-link" href="{}">{}</a>', reverse("admin:node-detail", args=[name]), name)
 
 
 class ParseErrorFilter(admin.SimpleListFilter):
@@ -49,21 +66,61 @@ class ParseErrorFilter(admin.SimpleListFilter):
         return queryset
 
 
-@admin.register(models.SyncStatus)
-class SyncStatusAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
+class AuditAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A record of what happened (passes, decisions, answers, sync status): shown, never
+    added, edited or deleted by hand, or the trail would stop proving anything."""
 
-    list_display = ["kind", "resource_version", "listed", "events", "invalid", "last_invalid", "errors", "last_error"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MirrorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A mirrored cluster object. In cluster mode the API server owns it and the sync
+    writes the row, so a hand edit would be overwritten (or, worse, decided on until then):
+    read-only. In standalone mode the database is the source of truth (SPEC §1) and staff
+    edit it here, except the fields the binder or the webhook own (``readonly_fields``)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not apiserver.cluster_mode() and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not apiserver.cluster_mode() and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not apiserver.cluster_mode() and super().has_delete_permission(request, obj)
+
+
+@admin.register(models.SyncStatus)
+class SyncStatusAdmin(AuditAdmin):
+    """What the cluster sync refused and why, per kind (read-only: the sync writes it)."""
+
+    list_display = [
+        "kind",
+        "resource_version",
+        "listed",
+        "events",
+        "lag",
+        "invalid",
+        "last_invalid",
+        "errors",
+        "last_error",
+    ]
+    exclude = ["lag_seconds"]
+    readonly_fields = ["lag"]
+
+    @admin.display(description="last event's lag")
+    def lag(self, obj: models.SyncStatus) -> str:
+        return duration_s(obj.lag_seconds)
+
 
 @admin.register(models.Namespace)
-class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class NamespaceAdmin(MirrorAdmin):
     list_display = ["name", "device_count", "created", "parse_error"]
     search_fields = ["name"]
 
@@ -73,8 +130,17 @@ class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.Node)
-class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "ready", "unschedulable", "draining", "gpu_booking", "ready_since", "parse_error"]
+class NodeAdmin(MirrorAdmin):
+    list_display = [
+        "name",
+        "node_page",
+        "ready",
+        "unschedulable",
+        "draining",
+        "gpu_booking",
+        "ready_since",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "ready", "unschedulable"]
     search_fields = ["name"]
     actions = [run_full_pass]
@@ -83,6 +149,12 @@ class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         cluster, _ = read_cluster(timezone.now())
         self._ledger = ledger_for(cluster)
         return super().changelist_view(request, extra_context)
+
+    @admin.display(description="devices and pods")
+    def node_page(self, obj: models.Node) -> str:
+        return format_html(
+            '<a class="node-link" href="{}">node page</a>', reverse("admin:node-detail", args=[obj.name])
+        )
 
     @admin.display(boolean=True)
     def draining(self, obj: models.Node) -> bool:
@@ -102,7 +174,7 @@ class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.GpuClass)
-class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GpuClassAdmin(MirrorAdmin):
     list_display = [
         "name",
         "display_name",
@@ -118,10 +190,20 @@ class GpuClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.GpuDevice)
-class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "vm_name", "class_name", "phase", "node", "since", "reason", "parse_error"]
+class GpuDeviceAdmin(MirrorAdmin):
+    list_display = [
+        "name",
+        "namespace",
+        "vm_name",
+        "class_name",
+        "phase",
+        "node_name",
+        "since_age",
+        "reason",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
-    search_fields = ["name", "vm_name", "node", "reason"]
+    search_fields = ["name", "vm_name", "namespace__name", "node", "reason"]
     list_select_related = ["namespace"]
     # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
     readonly_fields = [
@@ -135,6 +217,16 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "decision_history",
     ]
     actions = [run_full_pass]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.GpuDevice) -> str:
+        return node_link(obj.node)
+
+    @admin.display(description="since", ordering="since")
+    def since_age(self, obj: models.GpuDevice) -> str:
+        if obj.since is None:
+            return "-"
+        return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
 
     @admin.display(description="why is this GPU here?")
     def decision_history(self, obj: models.GpuDevice) -> str:
@@ -159,13 +251,16 @@ class GpuDeviceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{} {}</td><td>{}</td></tr>",
-                ((d.created, d.pass_run_id, d.from_phase, d.from_node, d.to_phase, d.to_node, d.reason) for d in rows),
+                (
+                    (iso(d.created), d.pass_run_id, d.from_phase, d.from_node, d.to_phase, d.to_node, d.reason)
+                    for d in rows
+                ),
             ),
         )
 
 
 @admin.register(models.GpuBudget)
-class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GpuBudgetAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "usage_vs_limit", "parse_error"]
     list_filter = [ParseErrorFilter, "namespace"]
     readonly_fields = ["used"]
@@ -178,10 +273,14 @@ class GpuBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.VirtualMachineInstance)
-class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "phase", "node", "active_pod_count", "parse_error"]
+class VmiAdmin(MirrorAdmin):
+    list_display = ["name", "namespace", "phase", "node_name", "active_pod_count", "parse_error"]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
-    search_fields = ["name", "uid"]
+    search_fields = ["name", "uid", "namespace__name", "node"]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.VirtualMachineInstance) -> str:
+        return node_link(obj.node)
 
     @admin.display(description="active pods")
     def active_pod_count(self, obj: models.VirtualMachineInstance) -> int:
@@ -189,15 +288,31 @@ class VmiAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.Pod)
-class PodAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "namespace", "phase", "node", "gpu_requests", "owner_kind", "owner_name", "parse_error"]
+class PodAdmin(MirrorAdmin):
+    list_display = [
+        "name",
+        "namespace",
+        "phase",
+        "node_name",
+        "gpu_requests",
+        "owner_kind",
+        "owner_name",
+        "parse_error",
+    ]
     list_filter = [ParseErrorFilter, "phase", "namespace"]
-    search_fields = ["name", "uid", "owner_name"]
+    search_fields = ["name", "uid", "owner_name", "namespace__name", "node"]
+
+    @admin.display(description="node", ordering="node")
+    def node_name(self, obj: models.Pod) -> str:
+        return node_link(obj.node)
 
 
 class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
+    """The pass's decisions, as the pass wrote them: no "Add another", no delete box."""
+
     model = models.Decision
     extra = 0
+    max_num = 0
     can_delete = False
     fields = ("namespace", "vm_name", "device_name", "from_phase", "from_node", "to_phase", "to_node", "reason")
     readonly_fields = fields
@@ -205,36 +320,67 @@ class DecisionInline(admin.TabularInline):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-
-@admin.register(models.PassRun)
-class PassRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = [
-        "id",
-        "kind",
-        "started",
-        "duration_ms",
-        "devices_seen",
-        "devices_written",
-        "bound",
-        "moved",
-        "lost",
-        "refused",
-        "restored",
-        "skipped",
-    ]
-    list_filter = ["kind"]
-    inlines = [DecisionInline]
-    actions = [run_full_pass]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(models.PassRun)
+class PassRunAdmin(AuditAdmin):
+    """The pass history. The counts are sets (refused: orders), not devices: a set of 8
+    devices bound is "bound 1", beside the board's device counts, so the headers say so."""
+
+    list_display = [
+        "id",
+        "kind",
+        "triggered_by",
+        "started",
+        "duration",
+        "devices_seen",
+        "devices_written",
+        "sets_bound",
+        "sets_moved",
+        "sets_lost",
+        "orders_refused",
+        "sets_restored",
+        "skipped",
+    ]
+    list_filter = ["kind"]
+    search_fields = ["triggered_by"]
+    exclude = ["duration_ms"]
+    readonly_fields = ["duration"]
+    inlines = [DecisionInline]
+    actions = [run_full_pass]
+
+    @admin.display(description="duration", ordering="duration_ms")
+    def duration(self, obj: models.PassRun) -> str:
+        return duration_ms(obj.duration_ms)
+
+    @admin.display(description="sets bound", ordering="bound")
+    def sets_bound(self, obj: models.PassRun) -> int:
+        return obj.bound
+
+    @admin.display(description="sets moved", ordering="moved")
+    def sets_moved(self, obj: models.PassRun) -> int:
+        return obj.moved
+
+    @admin.display(description="sets lost", ordering="lost")
+    def sets_lost(self, obj: models.PassRun) -> int:
+        return obj.lost
+
+    @admin.display(description="orders refused", ordering="refused")
+    def orders_refused(self, obj: models.PassRun) -> int:
+        return obj.refused
+
+    @admin.display(description="sets restored", ordering="restored")
+    def sets_restored(self, obj: models.PassRun) -> int:
+        return obj.restored
+
 
 @admin.register(models.Decision)
-class DecisionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class DecisionAdmin(AuditAdmin):
     list_display = [
         "created",
         "pass_run",
@@ -250,18 +396,15 @@ class DecisionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["to_phase", "namespace"]
     search_fields = ["device_name", "vm_name", "reason", "from_node", "to_node"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(models.LostSet)
 class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every Lost set with tenant, VM, devices, since when, why, and whether its VMI runs."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -273,9 +416,8 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 raise PermissionDenied
             namespace, _, vm = request.POST.get("retry", "").partition("/")
             if namespace and vm:
-                outcome = retry_lost_set(namespace, vm)
-                level = messages.ERROR if outcome.outcome.error else messages.SUCCESS
-                self.message_user(request, outcome.message, level)
+                outcome = retry_lost_set(namespace, vm, staff_trigger(request.user.get_username()))
+                self.message_user(request, outcome.message, RETRY_LEVELS[outcome.level])
             else:
                 self.message_user(request, "Say which set to retry: namespace/VM.", messages.ERROR)
             # Post/redirect/get: reloading the page must not queue another pass.
@@ -299,6 +441,7 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "vm": vm,
                     "devices": devices,
                     "since": min((d.since for d in devices if d.since), default=None),
+                    "age": age(min((d.since for d in devices if d.since), default=None)),
                     "reason": devices[0].reason,
                     "vmi_running": bool(vmi and vmi.phase == "Running"),
                     "vmi_node": vmi.node if vmi else "",
@@ -318,13 +461,13 @@ class LostSetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(models.BindAnswer)
-class BindAnswerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency_ms", "answer"]
+class BindAnswerAdmin(AuditAdmin):
+    list_display = ["answered_at", "namespace", "device_name", "request", "allowed", "latency", "answer"]
     list_filter = ["allowed", "namespace"]
     search_fields = ["device_name", "request", "answer"]
+    exclude = ["latency_ms"]
+    readonly_fields = ["latency"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    @admin.display(description="latency", ordering="latency_ms")
+    def latency(self, obj: models.BindAnswer) -> str:
+        return duration_ms(obj.latency_ms)

@@ -293,6 +293,14 @@ class PassRun(models.Model):
     """One binder pass: when it ran, how long it took and what it did (for staff and metrics)."""
 
     kind = models.CharField(max_length=8, choices=PassKind.choices)
+    triggered_by = models.CharField(
+        max_length=160,
+        blank=True,
+        help_text=(
+            "what asked for the pass: event, resync, answer, overdue, webhook, command, direct or staff:<user>;"
+            " a request collapsed into a pass already queued leaves the first one's (blank: before this was kept)"
+        ),
+    )
     started = models.DateTimeField()
     finished = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 import redis
@@ -108,19 +109,42 @@ def full_pass_overdue() -> bool:
 TASK_NAMES: dict[str, str] = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
 
 
-def _publish(kind: str) -> None:
-    current_app.tasks[TASK_NAMES[kind]].apply_async(priority=PRIORITY[kind])
+def _publish(kind: str, triggered_by: str | None = None) -> None:
+    kwargs = {"triggered_by": triggered_by} if triggered_by else {}
+    current_app.tasks[TASK_NAMES[kind]].apply_async(kwargs=kwargs, priority=PRIORITY[kind])
 
 
-def send_full_pass() -> None:
-    """Publish a full pass now (not at commit) unless one is queued: the periodic resync."""
+def send_full_pass(triggered_by: str = "resync") -> None:
+    """Publish a full pass now (not at commit) unless one is queued: the periodic resync.
+
+    ``triggered_by`` travels with the task to the pass's record. While a pass is queued
+    a later request adds nothing, so the record names the first request, not the last.
+    """
     if _claim(PassKind.FULL):
-        _publish(PassKind.FULL)
+        _publish(PassKind.FULL, triggered_by)
 
 
 def _send_answer_pass() -> None:
     if _claim(PassKind.ANSWER):
         _publish(PassKind.ANSWER)
+
+
+@dataclass(frozen=True, slots=True)
+class _FullPassAtCommit:
+    """The commit callback that publishes a full pass, carrying who asked for it.
+
+    A class rather than a closure so that :func:`_queue_on_commit` can recognise an
+    already registered one whatever its ``triggered_by``: once per transaction still.
+    """
+
+    triggered_by: str
+
+    def __call__(self) -> None:
+        send_full_pass(self.triggered_by)
+
+
+def _same_send(registered: object, send: Callable[[], None]) -> bool:
+    return registered is send or (isinstance(registered, _FullPassAtCommit) and isinstance(send, _FullPassAtCommit))
 
 
 def _queue_on_commit(send: Callable[[], None]) -> None:
@@ -131,14 +155,18 @@ def _queue_on_commit(send: Callable[[], None]) -> None:
     never leave a stale "already queued" mark behind after a rollback.
     """
     connection = transaction.get_connection()
-    if connection.in_atomic_block and any(entry[1] is send for entry in connection.run_on_commit):
+    if connection.in_atomic_block and any(_same_send(entry[1], send) for entry in connection.run_on_commit):
         return
     transaction.on_commit(send)
 
 
-def queue_full_pass() -> None:
-    """Ask for a full pass once the current transaction commits."""
-    _queue_on_commit(send_full_pass)
+def queue_full_pass(triggered_by: str = "event") -> None:
+    """Ask for a full pass once the current transaction commits.
+
+    ``triggered_by`` ends up on the pass's record (``PassRun.triggered_by``): "event" for
+    a mirror change, "staff:<user>" for a staff action, and so on.
+    """
+    _queue_on_commit(_FullPassAtCommit(triggered_by))
 
 
 def queue_answer_pass() -> None:

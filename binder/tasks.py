@@ -14,14 +14,15 @@ from binder.runtime.passes import run_pass
 
 
 @shared_task(name="binder.full_pass")
-def full_pass_task() -> int:
-    """Run one full pass; returns the pass id."""
+def full_pass_task(triggered_by: str = "event") -> int:
+    """Run one full pass; returns the pass id. ``triggered_by`` (who queued it) goes on
+    its record; messages queued before it existed run as "event"."""
     release(PassKind.FULL)
-    return run_pass(PassKind.FULL).pk
+    return run_pass(PassKind.FULL, triggered_by=triggered_by).pk
 
 
 @shared_task(name="binder.answer_pass")
-def answer_pass_task() -> int:
+def answer_pass_task(triggered_by: str = "webhook") -> int:
     """Run one answer pass; returns the pass id.
 
     An answer pass that placed a set leaves usage records and class/budget status to
@@ -34,14 +35,14 @@ def answer_pass_task() -> int:
         # passes: run it now, ahead of this one. Its queued message still runs later (cheap:
         # nothing changed), and events from now on queue the next one.
         release(PassKind.FULL)
-        run_pass(PassKind.FULL)
-    run = run_pass(PassKind.ANSWER)
+        run_pass(PassKind.FULL, triggered_by="overdue")
+    run = run_pass(PassKind.ANSWER, triggered_by=triggered_by)
     if run.bound or run.moved or run.lost or run.restored:
-        queue_full_pass()
+        queue_full_pass(triggered_by="answer")
     return run.pk
 
 
 @shared_task(name="binder.resync")
 def resync_task() -> None:
     """Periodic resync (celery beat): ask for a full pass, collapsed like any event."""
-    send_full_pass()
+    send_full_pass(triggered_by="resync")

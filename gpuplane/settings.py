@@ -154,6 +154,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # |iso, |age and |duration_ms on every staff page (gpuplane/staff/formatting.py)
+            "builtins": ["gpuplane.staff.formatting"],
         },
     },
 ]
@@ -178,6 +180,9 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+#: ISO 8601 dates and times in the admin and the staff pages (the admin formats through the
+#: locale, so a format module, not DATETIME_FORMAT here: gpuplane/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["gpuplane.formats"]
 USE_I18N = True
 USE_TZ = True
 

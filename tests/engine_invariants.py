@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from binder.engine.accounting import ledger_for
 from binder.engine.launcher import launcher_of, raw_usage
-from binder.engine.placement import answer_pass, full_pass
+from binder.engine.placement import NodeCache, answer_pass, full_pass, is_settled
 from binder.engine.types import (
     Budget,
     Cluster,
@@ -579,6 +580,28 @@ def check_determinism(step: Step) -> list[str]:
     return problems
 
 
+def check_scoped_pass(step: Step) -> list[str]:
+    """4b. A pass given only the sets that are not settled (``is_settled``, what a worker
+    keeps between passes) decides exactly what a pass over every set decides."""
+    cluster = step.cluster
+    nodes = {n.name: n for n in cluster.nodes}
+    classes = {c.name: c for c in cluster.classes}
+    sets: dict[tuple[str, str], list[Device]] = defaultdict(list)
+    for device in sorted(cluster.devices, key=lambda d: d.key):
+        sets[device.set_key].append(device)
+    scope = [key for key, members in sets.items() if not is_settled(members, nodes, classes)]
+    scoped = full_pass(cluster, ledger_for(cluster), NodeCache(), scope=scope)
+    if scoped == step.result:
+        return []
+    ours, theirs = {d.key: d for d in scoped.devices}, {d.key: d for d in step.result.devices}
+    differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+    return [
+        f"4b scoped pass over {len(scope)} of {len(sets)} sets differs from the pass over all: "
+        f"devices {[(k, ours.get(k), theirs.get(k)) for k in differ]!r}, "
+        f"counts {scoped.counts!r} vs {step.result.counts!r}"
+    ]
+
+
 def check_bound_on_existing_nodes(step: Step) -> list[str]:
     """5a. Bound devices are only on nodes that exist."""
     return [
@@ -680,6 +703,7 @@ FULL_PASS_CHECKS = {
     "pending_reasons": check_pending_reasons,
     "budgets": check_budgets,
     "determinism": check_determinism,
+    "scoped_pass": check_scoped_pass,
     "bound_on_existing_nodes": check_bound_on_existing_nodes,
     "missing_classes": check_missing_classes,
     "steady_state": check_steady_state,

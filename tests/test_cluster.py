@@ -20,6 +20,8 @@ import pytest
 
 from binder import apiserver as kube_connection
 from binder import models, sync
+from binder.actions import change_node
+from binder.engine.preview import NodeAction
 from binder.kube import client as kube_client
 from binder.mirror.write import mirror_event, mirror_list
 from binder.runtime.passes import run_pass
@@ -420,6 +422,7 @@ def test_sync_and_passes_settle_the_cluster_and_then_go_quiet(apiserver: Running
     stop = threading.Event()
     threads = sync.run_forever(stop, relist_seconds=300, watch_seconds=2)
     try:
+
         def order_bound() -> bool:
             gpus = cluster_gpus(apiserver)
             return all((gpus[("t2", f"vm9-gpu{i}")].get("status") or {}).get("phase") == "Bound" for i in (0, 1))
@@ -523,6 +526,7 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
     assert apiserver.server.calls.pop() == (kube_client.GROUP, "gpuclasses", "delete")
     sync.sync_once()
     run_pass("full")  # finalizer release
+    change_node("n3", NodeAction.CORDON)  # the admin's node action: the node's version, then the patch
     called = set(apiserver.server.calls)
 
     granted = set()

@@ -69,17 +69,21 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     # the web: the bind request annotation, VMIs for the tenant usage API.
     ("gpuplane-webhook", GROUP, "gpus"): {"patch"},
     ("gpuplane-web", "kubevirt.io", "virtualmachineinstances"): {"get"},
+    # the admin's node actions: the node's resourceVersion, then the cordon or drain patch.
+    ("gpuplane-web", "", "nodes"): {"get", "patch"},
 }
 #: All roles together: list/watch on the mirrored kinds, get on VMIs and on the three
 #: gpuplane kinds (the binder's single read after a 409), patch on gpus and gpuclasses
-#: (finalizers, bind request) and on the status of the three gpuplane kinds. No update:
-#: no code path PUTs an object.
+#: (finalizers, bind request) and on the status of the three gpuplane kinds; get and
+#: patch on nodes (the admin's cordon and drain). No update: no code path PUTs an object.
 EXPECTED_UNION = {
     *{(g, r, v) for g, r in MIRRORED for v in ("list", "watch")},
     ("kubevirt.io", "virtualmachineinstances", "get"),
     *{(GROUP, r, "get") for r in ("gpus", "gpuclasses", "gpubudgets")},
     *{(GROUP, r, "patch") for r in ("gpus", "gpuclasses")},
     *{(GROUP, f"{r}/status", "patch") for r in ("gpus", "gpuclasses", "gpubudgets")},
+    ("", "nodes", "get"),
+    ("", "nodes", "patch"),
 }
 #: ServiceAccount -> the ClusterRoles bound to it (cluster overlay).
 EXPECTED_BINDINGS = {

@@ -34,10 +34,10 @@ def test_concurrent_passes_never_overlap_and_never_book_a_unit_twice(monkeypatch
     )
     spans: list[tuple[float, float]] = []
 
-    def slow_full_pass(cluster: Any, ledger: Any = None, eligible: Any = None) -> Any:
+    def slow_full_pass(cluster: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.monotonic()
         time.sleep(0.2)
-        result = full_pass(cluster, ledger, eligible)
+        result = full_pass(cluster, *args, **kwargs)
         spans.append((start, time.monotonic()))
         return result
 

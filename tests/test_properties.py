@@ -74,6 +74,7 @@ from tests.engine_invariants import (
     check_missing_classes,
     check_over_booking,
     check_pending_reasons,
+    check_scoped_pass,
     check_steady_state,
     class_for,
     pick,
@@ -549,3 +550,25 @@ def test_control_shrunk_node_without_launcher_is_relieved() -> None:
         devices=(bound("vm1", "g1", "n1"),),
     )
     assert_holds(cluster, *FULL_PASS_CHECKS.values())
+
+
+def test_scoped_pass_revisits_a_settled_set_that_relieving_a_node_sent_to_lost() -> None:
+    """Invariant 4b by hand (the generated clusters rarely reach it). Every set starts
+    settled, so a worker's scope is empty, yet relieving over-booked n-a sends vm-r Lost
+    and relieving n-c then frees 2 units there: a pass over every set rebinds vm-r onto
+    n-c in step 3, so the scoped pass must visit the sets its relieving touched."""
+    later = T0 + timedelta(minutes=1)
+    cluster = Cluster(
+        now=T0 + timedelta(hours=1),
+        classes=(GpuClass("c0", R0),),
+        nodes=(Node("n-a", {R0: 1}), Node("n-c", {R0: 6})),
+        devices=(
+            bound("vm-r", "r1", "n-a"),
+            bound("vm-r", "r2", "n-a"),
+            *(bound("vm-t", f"t{i}", "n-c", since=later) for i in range(4)),
+            *(bound("vm-u", f"u{i}", "n-c") for i in range(4)),
+        ),
+    )
+    result = full_pass(cluster)
+    assert {d.node for d in result.devices if d.vm_name == "vm-r"} == {"n-c"}
+    assert_holds(cluster, check_scoped_pass)

@@ -219,7 +219,9 @@ def test_usage_chart_and_its_csv(demo: None, history: None, page: Page, live_ser
 
     # run a full pass now: the outcome is shown
     page.click("#run-full-pass")
-    expect(page.locator("ul.messagelist")).to_contain_text(re.compile(r"Full pass #\d+ ran: bound 0, moved 0, lost 0"))
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        re.compile(r"Full pass #\d+ ran: bound 0 sets, moved 0 sets, lost 0 sets")
+    )
 
     page.click("nav.gp-nav >> text=Usage chart")
     page.goto(f"{live_server.url}{reverse('admin:usage-chart')}?{window}")

@@ -69,6 +69,7 @@ initialisation counts too), 7 to 9 s on SQLite and on PostgreSQL; fails below 30
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -149,7 +150,8 @@ STEPS: Counter[str] = Counter()
 
 ENGINE_EXAMPLES, ENGINE_STEPS = 120, 110
 ENGINE_MIN_STEPS = 10_000
-DB_EXAMPLES, DB_STEPS = 20, 25
+#: ``GPUPLANE_DB_EXAMPLES=200`` searches deeper locally (CI keeps the default).
+DB_EXAMPLES, DB_STEPS = int(os.environ.get("GPUPLANE_DB_EXAMPLES", "20")), 25
 DB_MIN_STEPS = 300
 #: A full pass runs at the start of a step when this many steps ran without one (the resync,
 #: ``GPUPLANE_RESYNC_SECONDS``): hypothesis turns rules off per example (swarm testing), and an

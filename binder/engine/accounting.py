@@ -117,6 +117,11 @@ class Ledger:
         self.plain_pods: list[tuple[Pod, Mapping[str, int]]] = []
         self._contrib: dict[SetKey, Contribution] = {}
         self._devices: dict[SetKey, tuple[Device, ...]] = {}
+        #: Units of each class held Bound and Lost (a class's status, SPEC §1), kept current
+        #: so a pass that touched a few sets need not count every device.
+        self.class_held: dict[Phase, Counter[str]] = {Phase.BOUND: Counter(), Phase.LOST: Counter()}
+        #: Node -> the sets with a Bound device there: who an over-booked node can evict.
+        self.sets_on: dict[str, set[SetKey]] = defaultdict(set)
         self._indexed = False
 
         def find_vmi(namespace: str, name: str) -> Vmi | None:
@@ -178,6 +183,15 @@ class Ledger:
         """Resources of ``node`` booked beyond allocatable, sorted."""
         return sorted(r for r, units in self.booked[node].items() if units > 0 and self.free(node, r) < 0)
 
+    def over_booked_nodes(self) -> list[str]:
+        """The ledger's nodes with some resource booked beyond allocatable, sorted.
+
+        Read from the free-units index (its negative buckets), so finding the few
+        over-booked nodes costs nothing per healthy node.
+        """
+        return sorted({name for buckets in self.by_free.values() for free, names in buckets.items() if free < 0
+                       for name in names})  # fmt: skip
+
     # -- changing ------------------------------------------------------------------------
 
     def contribution(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
@@ -234,12 +248,14 @@ class Ledger:
                 self.used[namespace][k] -= units
             for device in self._devices.get(key, ()):
                 self._device_book(device, -1)
+            self._index_nodes(key, self._devices.get(key, ()), -1)
         for (node, resource), units in new.booked.items():
             self.booked[node][resource] += units
         for k, units in new.used.items():
             self.used[namespace][k] += units
         for device in devices:
             self._device_book(device, +1)
+        self._index_nodes(key, devices, +1)
         self._contrib[key] = new
         self._devices[key] = devices
         for (node, resource), was in before.items():
@@ -264,10 +280,26 @@ class Ledger:
         for free in sorted(f for f in buckets if f >= units):
             yield from buckets[free]
 
+    def _index_nodes(self, key: SetKey, devices: Iterable[Device], sign: int) -> None:
+        for node in {d.node for d in devices if d.phase is Phase.BOUND and d.node}:
+            if sign > 0:
+                self.sets_on[node].add(key)
+                continue
+            on = self.sets_on.get(node)
+            if on is not None:
+                on.discard(key)
+                if not on:
+                    del self.sets_on[node]
+
     def _device_book(self, device: Device, sign: int) -> None:
         cls = self.classes.get(device.class_name)
-        if cls is not None and device.phase is Phase.BOUND and device.node:
+        if cls is None:
+            return
+        if device.phase is Phase.BOUND and device.node:
             self.device_booked[device.node][cls.resource_name] += sign * cls.units_per_device
+        held = self.class_held.get(device.phase)
+        if held is not None:
+            held[cls.name] += sign * cls.units_per_device
 
 
 def build_ledger(

@@ -13,6 +13,7 @@ first makes every set whole again, whatever a half-failed write left behind.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,19 +42,74 @@ REASON_BOUND = "bound: fullest node with room"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-#: Nodes that may take new units, per set of class names (see ``_Pass.eligible_nodes``).
-Eligible = dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]]
+@dataclasses.dataclass
+class NodeCache:
+    """What the engine derives from nodes and classes alone, kept by a caller between
+    passes and replaced whenever a node or a class changes (nothing else is read)."""
+
+    #: Nodes that may take new units, per (class names, requested nodeSelector); see
+    #: ``_Pass.eligible_nodes``.
+    eligible: dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]] = dataclasses.field(
+        default_factory=dict
+    )
+    #: Nodes whose taint some of these classes do not tolerate, with why (refusal notes).
+    tainted: dict[frozenset[str], tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
+    #: Allocatable units of each class's resource on the nodes its selector matches.
+    allocatable: dict[str, int] | None = None
+    #: The nodes by name and their sorted names (an answer pass at 10k nodes spent more
+    #: building these than placing its set).
+    nodes: dict[str, Node] | None = None
+    node_names: list[str] | None = None
 
 
-def full_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
+def is_settled(members: Sequence[Device], nodes: Mapping[str, Node], classes: Mapping[str, GpuClass]) -> bool:
+    """Whether a full pass provably leaves the set ``members`` alone, whatever else changes.
+
+    A set is settled when every member is Bound on one Ready node that exists, is not
+    draining and matches every member's class, every class exists, and no member waits
+    for an answer. Then no step of a full pass acts on it: nothing to restore, gather or
+    grow (step 1), its node can keep it (step 2; NotReady nodes count as unsettled even
+    inside their grace period, so the clock never has to be consulted), it is neither
+    Lost (step 3) nor an order (step 4), nor asks (step 5). The one step that may still
+    move it is relieving an over-booked node, which finds its residents through the
+    ledger, not through the scope. A worker can therefore give :func:`full_pass` only the
+    unsettled sets (``scope``) and get the decisions of a pass over everything.
+    """
+    if not members:
+        return True
+    node_name = members[0].node
+    node = nodes.get(node_name)
+    if node is None or not node.ready or node.draining:
+        return False
+    for device in members:
+        if (
+            device.phase is not Phase.BOUND
+            or device.node != node_name
+            or device.class_name not in classes
+            or device.wants_answer
+        ):
+            return False
+    names = sorted({d.class_name for d in members})
+    return selector_mismatch(node, [classes[name] for name in names]) is None
+
+
+def full_pass(
+    cluster: Cluster,
+    ledger: Ledger | None = None,
+    cache: NodeCache | None = None,
+    scope: Iterable[SetKey] | None = None,
+) -> PassResult:
     """Run every step of a full pass over the whole cluster.
 
     ``ledger``, when given, must be ``ledger_for(cluster)`` (a worker keeps one between
     passes instead of rebuilding it); the pass moves sets in it, so afterwards it is the
-    ledger of the result. ``eligible``, when given, is a cache the caller keeps between
-    passes and empties whenever a node or a class changes (eligibility reads nothing else).
+    ledger of the result. ``cache``, when given, is a :class:`NodeCache` the caller keeps
+    between passes and replaces whenever a node or a class changes. ``scope``, when
+    given, lists the sets the steps visit: it must hold every set that is not
+    :func:`is_settled` (more does no harm), and the result is then the same as over
+    every set, at the cost of the sets that can change.
     """
-    run = _Pass(cluster, ledger, eligible)
+    run = _Pass(cluster, ledger, cache, scope)
     if cluster.settings.enabled:
         run.restore_sets()
         run.move_off_unfit_nodes()
@@ -73,15 +129,15 @@ def full_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible
     return run.result()
 
 
-def answer_pass(cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> PassResult:
+def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache | None = None) -> PassResult:
     """Answer unanswered bind requests, placing only the requested sets; nothing else.
 
     With ``ledger`` (the ledger of the whole cluster, moved in place), ``cluster`` needs
     to hold only the requested sets (whole), their tenants' budgets, the nodes and the
     classes: booked units and usage come from the ledger (SPEC §4: an answer pass reads
-    only what it needs). ``eligible`` as for :func:`full_pass`.
+    only what it needs). ``cache`` as for :func:`full_pass`.
     """
-    run = _Pass(cluster, ledger, eligible)
+    run = _Pass(cluster, ledger, cache)
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -194,22 +250,33 @@ def describe_units(units: Counter[str]) -> str:
 class _Pass:
     """The mutable working state of one pass."""
 
-    def __init__(self, cluster: Cluster, ledger: Ledger | None = None, eligible: Eligible | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        ledger: Ledger | None = None,
+        cache: NodeCache | None = None,
+        scope: Iterable[SetKey] | None = None,
+    ) -> None:
         self.now = cluster.now
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
-        self.nodes = {n.name: n for n in cluster.nodes}
-        self.node_names = sorted(self.nodes)
-        self.original = {d.key: d for d in cluster.devices}
+        self.cache = cache if cache is not None else NodeCache()
+        if self.cache.nodes is None or self.cache.node_names is None:
+            self.cache.nodes = {n.name: n for n in cluster.nodes}
+            self.cache.node_names = sorted(self.cache.nodes)
+        self.nodes: Mapping[str, Node] = self.cache.nodes
+        self.node_names: Sequence[str] = self.cache.node_names
+        #: Each changed set's members as the pass found them, taken at its first change.
+        self._before: dict[SetKey, tuple[Device, ...]] = {}
         self.budgets = cluster.budgets
         self.ledger = ledger if ledger is not None else ledger_for(cluster)
-        self._set_keys = sorted({d.set_key for d in cluster.devices})
+        self._set_keys = sorted(set(scope) if scope is not None else {d.set_key for d in cluster.devices})
+        self._in_scope = set(self._set_keys)
         by_ns: dict[str, list[Budget]] = defaultdict(list)
         for budget in cluster.budgets:
             by_ns[budget.namespace].append(budget)
         self._budgets_by_ns = by_ns
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
-        self._eligible: Eligible = eligible if eligible is not None else {}
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
         self._lost_now: set[SetKey] = set()
         #: Sets this pass could not place (counted once, however many sweeps tried them).
@@ -275,7 +342,11 @@ class _Pass:
         selector = requested_selector(devices)
         wanted = f" with the VMI's nodeSelector {_labels(selector)}" if selector else ""
         classes = self._classes_of(devices)
-        tainted = [(n, why) for n in self.node_names if (why := untolerated_taint(self.nodes[n], classes))]
+        cache_key = frozenset(c.name for c in classes)
+        tainted = self.cache.tainted.get(cache_key)
+        if tainted is None:
+            tainted = tuple((n, why) for n in self.node_names if (why := untolerated_taint(self.nodes[n], classes)))
+            self.cache.tainted[cache_key] = tainted
         if not tainted:
             return wanted
         first, why = tainted[0]
@@ -371,10 +442,10 @@ class _Pass:
         unanswered bind request's nodeSelector."""
         classes = frozenset(d.class_name for d in devices)
         cache_key = (classes, frozenset(requested_selector(devices).items()))
-        cached = self._eligible.get(cache_key)
+        cached = self.cache.eligible.get(cache_key)
         if cached is None:
             cached = frozenset(name for name in self.node_names if not self.cannot_take(name, devices))
-            self._eligible[cache_key] = cached
+            self.cache.eligible[cache_key] = cached
         return cached
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
@@ -396,6 +467,13 @@ class _Pass:
         )
 
     def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
+        if key not in self._before:
+            self._before[key] = self.ledger.devices(key)
+        if key not in self._in_scope:
+            # A settled set outside the scope that relieving a node moved: the later
+            # steps visit it as a pass over every set would (it may now be Lost).
+            self._in_scope.add(key)
+            bisect.insort(self._set_keys, key)
         self.ledger.commit(key, tuple(sorted(devices, key=lambda d: d.key)))
 
     def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
@@ -522,15 +600,23 @@ class _Pass:
                 why = self.cannot_keep(held[0].node, held)
                 if why:
                     self.move(key, held[0].node, why)
-        for node in self.node_names:
-            self.relieve(node)
+        # Over-booked nodes in name order, each judged when its turn comes (as a sweep of
+        # every node would): a set moved off one node can leave its launcher pod booking
+        # raw units on another.
+        last = ""
+        while True:
+            later = [n for n in self.ledger.over_booked_nodes() if n > last and n in self.nodes]
+            if not later:
+                break
+            last = later[0]
+            self.relieve(last)
 
     def relieve(self, node: str) -> None:
         """Evict the most recently bound sets from an over-booked node until it fits."""
         if not self.ledger.over_booked(node):
             return
         residents: list[tuple[datetime, SetKey]] = []
-        for key in self.set_keys():
+        for key in sorted(self.ledger.sets_on.get(node, ())):
             bound = [d for d in self.members(key) if d.phase is Phase.BOUND and d.node == node]
             if bound:
                 residents.append((max(d.since or _EPOCH for d in bound), key))
@@ -725,9 +811,10 @@ class _Pass:
     def result(self, *, with_status: bool = True) -> PassResult:
         devices: list[Device] = []
         changes: list[Change] = []
-        for key in self.set_keys():
+        for key in sorted(self._before):
+            original = {d.key: d for d in self._before[key]}
             for device in self.members(key):
-                before = self.original[device.key]
+                before = original[device.key]
                 if device is before:
                     continue
                 if (before.phase, before.node) == (device.phase, device.node):
@@ -766,26 +853,24 @@ class _Pass:
         )
 
     def class_status(self) -> dict[str, ClassStatus]:
-        bound: Counter[str] = Counter()
-        lost: Counter[str] = Counter()
-        for key in self.set_keys():
-            for device in self.members(key):
-                cls = self.classes.get(device.class_name)
-                if cls is None:
-                    continue
-                if device.phase is Phase.BOUND:
-                    bound[cls.name] += cls.units_per_device
-                elif device.phase is Phase.LOST:
-                    lost[cls.name] += cls.units_per_device
-        status = {}
-        for name, cls in sorted(self.classes.items()):
-            allocatable = sum(
-                node.allocatable.get(cls.resource_name, 0)
-                for node in self.nodes.values()
-                if all(node.labels.get(k) == v for k, v in cls.node_selector.items())
-            )
-            status[name] = ClassStatus(allocatable=allocatable, bound=bound[name], lost=lost[name])
-        return status
+        """Each class's allocatable, Bound and Lost units: counts the ledger keeps as sets
+        change, and allocatable from the node cache (it reads nodes and classes only)."""
+        bound = self.ledger.class_held[Phase.BOUND]
+        lost = self.ledger.class_held[Phase.LOST]
+        if self.cache.allocatable is None:
+            self.cache.allocatable = {
+                name: sum(
+                    node.allocatable.get(cls.resource_name, 0)
+                    for node in self.nodes.values()
+                    if all(node.labels.get(k) == v for k, v in cls.node_selector.items())
+                )
+                for name, cls in self.classes.items()
+            }
+        allocatable = self.cache.allocatable
+        return {
+            name: ClassStatus(allocatable=allocatable.get(name, 0), bound=bound[name], lost=lost[name])
+            for name in sorted(self.classes)
+        }
 
 
 def _rfc3339(moment: datetime) -> str:

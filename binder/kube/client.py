@@ -203,6 +203,13 @@ class KubeApi:
         body = {"metadata": {"finalizers": [*finalizers] or None, "resourceVersion": resource_version}}
         return self._typed(resource, self._call("PATCH", resource.path(namespace, name), body=body))
 
+    def patch_node(self, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
+        """A staff node action (cordon, drain and their undoing, SPEC §4 step 2): merge ``patch``
+        into the Node, only if it is still at ``resource_version`` (409 Conflict otherwise)."""
+        resource = RESOURCES["Node"]
+        body = {**patch, "metadata": {**dict(patch.get("metadata") or {}), "resourceVersion": resource_version}}
+        return self._typed(resource, self._call("PATCH", resource.path(None, name), body=body))
+
     def annotate_bind_request(
         self, namespace: str, name: str, request_id: str, node_selector: Mapping[str, str] | None = None
     ) -> dict[str, Any]:

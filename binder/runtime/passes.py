@@ -11,6 +11,7 @@ rolls back and the next one starts from the same state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -29,7 +30,7 @@ from binder.mirror.read import engine_settings
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.locking import pass_lock
-from binder.runtime.state import STATE, Catchup, ClusterState, compare_records, compare_results
+from binder.runtime.state import STATE, Catchup, ClusterState, StatusWritten, compare_records, compare_results
 from usage.records import record_usage
 
 log = logging.getLogger(__name__)
@@ -43,26 +44,29 @@ ENGINES: dict[str, Callable[..., PassResult]] = {
 }
 
 
-def run_pass(kind: str = models.PassKind.FULL, state: ClusterState | None = None) -> models.PassRun:
+def run_pass(
+    kind: str = models.PassKind.FULL, state: ClusterState | None = None, triggered_by: str = "direct"
+) -> models.PassRun:
     """Run one pass of ``kind`` (``full`` or ``answer``) and return its record.
 
     ``state`` is the worker's in-memory view (default: this process's); any failure drops
-    it, so the next pass reads everything again (SPEC §4 Freshness).
+    it, so the next pass reads everything again (SPEC §4 Freshness). ``triggered_by`` is
+    kept on the record for the audit trail ("direct": called in-process, not queued).
     """
     state = state if state is not None else STATE
     with state.lock:
         try:
-            return _run_pass(kind, state)
+            return _run_pass(kind, state, triggered_by)
         except BaseException:
             state.invalidate("the previous pass failed or rolled back")
             raise
 
 
-def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
+def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassRun:
     clock = time.perf_counter()
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
-        run = models.PassRun(kind=kind, started=now, worker=state.worker)
+        run = models.PassRun(kind=kind, started=now, worker=state.worker, triggered_by=triggered_by[:160])
         options = engine_settings()
         catch: Catchup | None = None
         ledger_used = False
@@ -94,7 +98,7 @@ def _run_pass(kind: str, state: ClusterState) -> models.PassRun:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
         if apiserver.cluster_mode():
             result, run.writes_failed = cluster.write_status(result, state)
-        write_result(run, result, ids)
+        write_result(run, result, ids, state.status_written if catch is not None else None)
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
@@ -162,11 +166,12 @@ def _decide(
     answer pass gives the engine only the requested sets and the ledger of everything.
     """
     if kind == models.PassKind.ANSWER:
-        return ENGINES[kind](state.requested(now, options), state.ledger(), state.eligible), True, False
+        return ENGINES[kind](state.requested(now, options), state.ledger(), state.node_cache), True, False
     same = state.unchanged_since_last_full_pass(catch, now, options)
     if same is not None:
         return same, False, True
-    return ENGINES[kind](state.cluster(now, options), state.ledger(), state.eligible), True, False
+    scope = state.scope(catch)
+    return ENGINES[kind](state.cluster(now, options), state.ledger(), state.node_cache, scope=scope), True, False
 
 
 def _verification_due(state: ClusterState) -> bool:
@@ -217,14 +222,31 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def write_result(run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int]) -> None:
+def write_result(
+    run: models.PassRun,
+    result: PassResult,
+    ids: dict[tuple[str, str], int],
+    status_written: StatusWritten | None = None,
+) -> None:
     """Write the changed devices, the decisions and the status of classes and budgets.
+
+    ``status_written``, the class and budget status this worker's last committed full pass
+    wrote, leaves out what is the same again: a pass that moved one set writes the one
+    budget it changed, not all of them (a rebuilt state has none, and writes everything
+    that differs from the rows).
 
     On PostgreSQL each table takes one set-based statement (``UPDATE ... FROM unnest``,
     ``COPY``): a pass that binds 10k sets writes ~26k devices, and Django's
     ``bulk_update`` (one CASE per row and field) took 20 s for that against 0.8 s here.
     """
     changed = [(ids[d.key], d) for d in result.devices if d.key in ids]
+    if status_written is not None:
+        classes, budgets = status_written
+        result = dataclasses.replace(
+            result,
+            class_status={k: v for k, v in result.class_status.items() if classes.get(k) != v},
+            budget_used={k: v for k, v in result.budget_used.items() if budgets.get(k) != v},
+        )
     if connection.vendor == "postgresql":
         _write_postgresql(run, result, changed)
     else:

@@ -54,13 +54,15 @@ from django.db import connection
 from binder import models
 from binder.engine import Ledger, PassResult, build_ledger
 from binder.engine import types as e
-from binder.engine.placement import Eligible
+from binder.engine.placement import NodeCache, is_settled
 from binder.engine.usage import Subjects
 from binder.mirror.read import KINDS, read_rows
 
 log = logging.getLogger(__name__)
 
 SetKey = tuple[str, str]
+#: The class status and budget usage a committed full pass wrote (see ``passes.write_result``).
+StatusWritten = tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Any]]
 #: The engine kinds, in the order a rebuild reads them.
 ENGINE_KINDS = ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod")
 _CHUNK = 5000
@@ -143,12 +145,18 @@ class ClusterState:
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
         self._deadlines: list[datetime] | None = None
-        #: The engine's eligible-nodes cache, kept while no node or class changes.
-        self.eligible: Eligible = {}
+        #: What the engine derives from nodes and classes, kept while none of them changes.
+        self.node_cache = NodeCache()
+        #: Sets a full pass may act on (not ``is_settled``); None: to be worked out again
+        #: for every set (after a node or class changed).
+        self._unsettled: set[SetKey] | None = None
+        self._by_name: dict[str, dict[str, Any]] = {}
         #: What answer passes found and wrote since the last full pass.
         self.pending = Catchup(view="incremental")
         #: What the last full pass computed, for the "nothing changed" rule.
         self.last_full: tuple[datetime, e.Settings, PassResult] | None = None
+        #: The class and budget status as this state's last full pass wrote it.
+        self.status_written: StatusWritten | None = None
 
     def invalidate(self, why: str) -> None:
         """Forget everything: the next pass reads the whole mirror again."""
@@ -227,6 +235,7 @@ class ClusterState:
                 self.device_ids = ids
                 for record in rows:
                     self._index_device(record, +1)
+                self._sets_changed(list(self.members))
         self.position, self.horizon = feed.top, feed.xip
         self._remember_mark(feed)
         self.valid = True
@@ -322,6 +331,7 @@ class ClusterState:
         catch.rows_read += len(found)
         table = self.records[kind]
         changed = False
+        sets: set[SetKey] = set()
         for object_id in ordered:
             old, new = table.get(object_id), found.get(object_id)
             if old == new:
@@ -337,6 +347,9 @@ class ClusterState:
                 table[object_id] = new
             if kind == "GPU":
                 self._replace_device(object_id, old, new)
+                sets.update(d.set_key for d in (old, new) if d is not None)
+        if sets:
+            self._sets_changed(sorted(sets))
         if changed:
             self._changed(kind)
 
@@ -345,12 +358,18 @@ class ClusterState:
         self._tuples.pop(kind, None)
         if kind == "Node":
             self._deadlines = None
+        if kind in ("GPUClass", "GPUBudget"):
+            self.status_written = None  # a recreated row starts from the model's default
         if kind in ("Node", "GPUClass"):
-            self.eligible = {}
+            self.node_cache = NodeCache()
+            self._unsettled = None
+            self._by_name.pop(kind, None)
         if kind not in ("GPU", "GPUBudget"):
             self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
 
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
+        """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
+        once for the sets touched (a pass binding 10k sets writes 26k devices)."""
         if old is not None:
             if self.device_ids.get(old.key) == object_id:
                 del self.device_ids[old.key]
@@ -358,9 +377,6 @@ class ClusterState:
         if new is not None:
             self.device_ids[new.key] = object_id
             self._index_device(new, +1)
-        if self._ledger is not None:
-            for key in {d.set_key for d in (old, new) if d is not None}:
-                self._ledger.commit(key, self.set_members(key))
 
     def _index_device(self, device: e.Device, sign: int) -> None:
         key = device.set_key
@@ -371,10 +387,44 @@ class ClusterState:
             del members[device.name]
         if not members:
             self.members.pop(key, None)
-        if any(d.wants_answer for d in self.members.get(key, {}).values()):
-            self.wanting.add(key)
-        else:
-            self.wanting.discard(key)
+
+    def _sets_changed(self, keys: Iterable[SetKey], *, ledger: bool = True) -> None:
+        """Bring what is kept per set current for ``keys``: who waits for an answer, who is
+        settled, and (``ledger``, unless the engine already moved them there) the ledger."""
+        for key in keys:
+            members = self.members.get(key, {})
+            if any(d.wants_answer for d in members.values()):
+                self.wanting.add(key)
+            else:
+                self.wanting.discard(key)
+            if self._unsettled is not None:
+                if self._settled(key):
+                    self._unsettled.discard(key)
+                else:
+                    self._unsettled.add(key)
+            if ledger and self._ledger is not None:
+                self._ledger.commit(key, self.set_members(key))
+
+    def _named(self, kind: str) -> dict[str, Any]:
+        """Records of ``kind`` by name (nodes and classes have no namespace)."""
+        table = self._by_name.get(kind)
+        if table is None:
+            table = self._by_name[kind] = {r.name: r for r in self.records[kind].values()}
+        return table
+
+    def _settled(self, key: SetKey) -> bool:
+        members = self.set_members(key)
+        return is_settled(members, self._named("Node"), self._named("GPUClass"))
+
+    def scope(self, catch: Catchup) -> set[SetKey]:
+        """The sets a full pass must visit: every set that is not settled, plus what changed.
+
+        Kept set by set as devices change; worked out again for every set only after a
+        node or a class changed (settledness reads nothing else).
+        """
+        if self._unsettled is None:
+            self._unsettled = {key for key in self.members if not self._settled(key)}
+        return self._unsettled | (catch.dirty_sets & self.members.keys())
 
     # -- what the engine reads -------------------------------------------------------------
 
@@ -486,10 +536,8 @@ class ClusterState:
     ) -> None:
         """The pass committed: its own writes become part of the state."""
         # When the engine ran on this state's ledger it already moved the sets there;
-        # otherwise the ledger (if built) is moved set by set below.
-        ledger = self._ledger if ledger_used else None
-        if ledger_used:
-            self._ledger = None
+        # otherwise the ledger (if built) is moved set by set.
+        sets: set[SetKey] = set()
         for device in result.devices:
             object_id = self.device_ids.get(device.key)
             if object_id is None:
@@ -497,12 +545,14 @@ class ClusterState:
             old = self.records["GPU"].get(object_id)
             self.records["GPU"][object_id] = device
             self._replace_device(object_id, old, device)
-        if ledger_used:
-            self._ledger = ledger
+            sets.add(device.set_key)
+        self._sets_changed(sorted(sets), ledger=not ledger_used)
         if result.devices:
             self._tuples.pop("GPU", None)
         if kind == models.PassKind.FULL:
             self.last_full = (now, settings, result)
+            classes, budgets = self.status_written or ({}, {})
+            self.status_written = ({**classes, **result.class_status}, {**budgets, **result.budget_used})
         elif result.devices:
             self.last_full = None
             self.pending.changed["GPU"] |= {d.key for d in result.devices}
@@ -539,10 +589,13 @@ class ClusterState:
             "_tuples",
             "_ledger",
             "_deadlines",
-            "eligible",
+            "node_cache",
+            "_unsettled",
+            "_by_name",
         ):
             setattr(self, name, getattr(other, name))
         self.last_full = None
+        self.status_written = None
 
     def usage_subjects(self, catch: Catchup, result: PassResult) -> Subjects:
         """The usage-record subjects this pass must reconcile (SPEC §7), before :meth:`passed`:

@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.admin import AdminSite
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path
 
-from gpuplane.staff import views
+from binder.reports.health import fleet_health
+from gpuplane.staff import console, views
 
 
 class GpuplaneAdminSite(AdminSite):
@@ -25,6 +28,23 @@ class GpuplaneAdminSite(AdminSite):
     site_title = "gpuplane"
     index_title = "GPU placement, budgets and usage"
     index_template = "admin/gpuplane/index.html"
+    #: No public site beside the admin: Django's "View site" link would be a 404.
+    site_url = None
+
+    #: ``?refresh=N`` on the home page reloads it every N seconds (a meta refresh: no script,
+    #: so the strict CSP holds); off unless asked for.
+    REFRESH_SECONDS = (15, 30, 60, 300)
+
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
+        """The admin's home page with the health of the fleet first (Lost sets, Pending sets
+        and why, NotReady, cordoned and draining nodes, budgets at their limit)."""
+        context: dict[str, Any] = {"refresh_choices": self.REFRESH_SECONDS}
+        if request.user.has_perms(("binder.view_gpudevice", "binder.view_node", "binder.view_gpubudget")):
+            context["health"] = fleet_health()
+        asked = request.GET.get("refresh", "")
+        context["refresh"] = int(asked) if asked.isdigit() and int(asked) in self.REFRESH_SECONDS else 0
+        response: TemplateResponse = super().index(request, {**context, **(extra_context or {})})
+        return response
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         def page(route: str, view: Any, name: str) -> URLPattern:
@@ -37,5 +57,8 @@ class GpuplaneAdminSite(AdminSite):
             page("usage-chart/", views.usage_chart, "usage-chart"),
             page("decisions/", views.decisions, "decisions"),
             page("run-pass/", views.run_pass, "run-pass"),
+            page("search/", console.search_page, "search"),
+            page("nodes/<str:name>/", console.node_detail, "node-detail"),
+            page("nodes/<str:name>/<str:action>/", console.node_action, "node-action"),
         ]
         return staff_pages + super().get_urls()

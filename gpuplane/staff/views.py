@@ -27,7 +27,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 
 from binder import models
-from binder.actions import full_pass_now
+from binder.actions import full_pass_now, staff_trigger
 from binder.mirror.read import read_cluster
 from binder.reports.budgets import budget_bars
 from binder.reports.history import HistoryQueryError, decision_log
@@ -259,7 +259,7 @@ def run_pass(request: HttpRequest, site: AdminSite) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     _require(request, "binder.add_passrun")
-    outcome = full_pass_now()
+    outcome = full_pass_now(staff_trigger(request.user.get_username()))
     level = messages.ERROR if outcome.error else messages.SUCCESS
     messages.add_message(request, level, outcome.message)
     target = request.POST.get("next", "")

@@ -30,5 +30,5 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         self.stdout.write(report.summary())
         if not options["no_pass"] and settings.GPUPLANE_AUTO_PASS:
-            queue_full_pass()
+            queue_full_pass(triggered_by="command")
             self.stdout.write("queued a full pass")

@@ -26,7 +26,7 @@ class Command(BaseCommand):
         kind = PassKind.ANSWER if options["answer_only"] else PassKind.FULL
         repeat = options["repeat"]
         if repeat is None:
-            run = run_pass(kind)
+            run = run_pass(kind, triggered_by="command")
             self.stdout.write(
                 f"{run.kind} pass {run.pk}: {run.devices_seen} devices, {run.devices_written} written; "
                 f"bound {run.bound}, moved {run.moved}, lost {run.lost}, refused {run.refused}, "
@@ -37,7 +37,7 @@ class Command(BaseCommand):
             self.stderr.write("--repeat must be at least 1")
             raise SystemExit(2)
         for _ in range(repeat):
-            run = run_pass(kind)
+            run = run_pass(kind, triggered_by="command")
             line = {
                 "pass": run.pk,
                 "kind": run.kind,

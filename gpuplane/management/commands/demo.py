@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from binder.mirror.snapshot import SnapshotError, load_file
 from binder.models import GpuDevice, PassKind, Phase
 from binder.runtime.passes import run_pass
+from gpuplane.management.addrport import ensure_free
 from usage.tenancy import issue_token
 
 #: The demo's tenant login for the API: a token that reads this namespace only.
@@ -34,14 +35,16 @@ class Command(BaseCommand):
         parser.add_argument("--addrport", default="127.0.0.1:8000")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["serve"]:
+            ensure_free(options["addrport"])  # before the database is touched or a login printed
         call_command("migrate", verbosity=0, interactive=False)
         try:
             report = load_file(options["file"], replace=True)
         except SnapshotError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(report.summary())
-        first = run_pass(PassKind.FULL)
-        second = run_pass(PassKind.FULL)
+        first = run_pass(PassKind.FULL, triggered_by="command")
+        second = run_pass(PassKind.FULL, triggered_by="command")
         for run in (first, second):
             self.stdout.write(
                 f"full pass {run.pk}: bound {run.bound}, moved {run.moved}, lost {run.lost}, "

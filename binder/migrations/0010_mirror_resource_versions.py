@@ -35,7 +35,7 @@ def _sqlite_triggers(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('binder', '0008_change_feed'),
+        ('binder', '0009_passrun_triggered_by'),
     ]
 
     operations = [

@@ -1,9 +1,14 @@
-"""Cluster mode against an API server: sync, fresh reads, status writes, finalizers.
+"""Cluster mode against an API server: sync, passes that list nothing, status writes, finalizers.
 
 gpuplane talks to ``tests.kube_emulator.ApiServer`` (kmock's Kubernetes emulator,
 extended where the real kube-apiserver behaves differently: uid and resourceVersion
 on writes, 409 on stale versions, the status subresource, 410 Gone, finalizers,
-namespace deletion) through the official ``kubernetes`` client over real HTTP.
+namespace deletion, watch events held back or dropped while reads already return the
+write, counts of gpuplane's own requests) through the official ``kubernetes`` client
+over real HTTP. The freshness tests (SPEC §4) check that a watch delivering the binder's
+own writes late, out of order (behind a relist taken before them) or never does not
+make a pass book the same units twice, that a 409 leads to one GET, and that no pass
+lists GPUs.
 Cluster objects are built from the real captures (``tests.shapes``).
 """
 

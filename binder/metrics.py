@@ -109,8 +109,14 @@ class DatabaseCollector(Collector):
         invalid = CounterMetricFamily(
             "gpuplane_sync_invalid", "Objects refused because they do not parse (listed or watched).", labels=["kind"]
         )
+        stale = CounterMetricFamily(
+            "gpuplane_sync_stale",
+            "Watch events and listed objects ignored as older than their mirror row (the binder's own write).",
+            labels=["kind"],
+        )
         for row in rows:
             invalid.add_metric([row.kind], row.invalid)
+            stale.add_metric([row.kind], row.stale)
             if row.lag_seconds is not None:
                 lag.add_metric([row.kind], row.lag_seconds)
             events.add_metric([row.kind], row.events)
@@ -118,7 +124,7 @@ class DatabaseCollector(Collector):
             gone.add_metric([row.kind], row.gone)
             errors.add_metric([row.kind], row.errors)
             listed.add_metric([row.kind], row.listed)
-        yield from (lag, events, relists, gone, errors, listed, invalid)
+        yield from (lag, events, relists, gone, errors, listed, invalid, stale)
         yield parse_error_metric()
 
     def pass_metrics(self) -> Iterator[Metric]:

@@ -104,6 +104,9 @@ class GpuClass(models.Model):
     status_allocatable = models.IntegerField(default=0)
     status_bound = models.IntegerField(default=0)
     status_lost = models.IntegerField(default=0)
+    resource_version = models.CharField(
+        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
+    )
 
     parse_error = models.TextField(
         blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
@@ -155,6 +158,9 @@ class GpuDevice(models.Model):
     answered_request = models.CharField(max_length=128, blank=True)
     answer = models.TextField(blank=True)
     created = models.DateTimeField(null=True, blank=True)
+    resource_version = models.CharField(
+        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
+    )
 
     parse_error = models.TextField(
         blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
@@ -193,6 +199,9 @@ class GpuBudget(models.Model):
     name = models.CharField(max_length=253)
     limits = models.JSONField(default=dict, help_text="key -> units; a key with / is a raw resource name")
     used = models.JSONField(default=dict, blank=True)
+    resource_version = models.CharField(
+        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
+    )
 
     parse_error = models.TextField(
         blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
@@ -415,6 +424,9 @@ class SyncStatus(models.Model):
     relists = models.IntegerField(default=0)
     gone = models.IntegerField(default=0, help_text="watches that expired with 410 Gone")
     invalid = models.IntegerField(default=0, help_text="objects skipped because they did not parse")
+    stale = models.BigIntegerField(
+        default=0, help_text="events and listed objects ignored: older than the row (the binder's own write)"
+    )
     errors = models.IntegerField(default=0)
     last_error = models.TextField(blank=True)
     last_invalid = models.TextField(blank=True, help_text="the last object refused: which one and why")
@@ -427,6 +439,32 @@ class SyncStatus(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.resource_version or '-'}"
+
+
+class FinalizerRelease(models.Model):
+    """Cluster mode: a GPU or GPUClass being deleted that still carries gpuplane's finalizer (SPEC §6).
+
+    The mirror drops an object's row once it is being deleted (its units count as gone),
+    so the sync notes the object here, in the same transaction: the next full pass sees
+    the row gone (its units released, its usage records closed) and this note, and after
+    its commit removes the finalizer, with the version noted as the precondition. Not a
+    mirrored table: nothing the engine reads, so it leaves no change-feed entry.
+    """
+
+    kind = models.CharField(max_length=32)
+    namespace = models.CharField(max_length=63, blank=True)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    finalizers = models.JSONField(default=list, blank=True, help_text="the object's finalizers when noted")
+    noted = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind", "namespace", "name"]
+        constraints = [models.UniqueConstraint(fields=["kind", "namespace", "name"], name="uniq_finalizer_release")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name} at {self.resource_version or '-'}"
 
 
 class ChangeOp(models.TextChoices):

@@ -9,9 +9,22 @@ then **watch** from the list's resourceVersion and apply each event; on **410 Go
 ``GPUPLANE_RELIST_SECONDS`` anyway, so an event lost in transit is repaired. Every
 change queues a full pass (collapsed, ``binder.tasks``).
 
+The sync keeps the mirror current; the binder's passes do not list anything. A pass
+brings its in-memory state current from the change feed the mirror's writes leave
+(``binder.runtime.state``), so what a pass sees is what this loop (and the binder's own
+writes) committed. That makes two rules matter here (``binder.mirror.write``): rows of
+GPUs, classes and budgets keep the object's resourceVersion, and a watch event or a
+listed object **older than its row is ignored** (counted, ``SyncStatus.stale``). The
+binder mirrors the object each of its status writes returned, so its row is often
+ahead of the watch: applying the binder's own write when it arrives late, or a relist
+taken before it, would undo a booking in the mirror and let the next pass book the same
+units again. Deletions always apply.
+
 What is kept: GPU and GPUClass objects that are being deleted count as gone (their
-units are released by the next pass, which then removes the finalizer, SPEC §6);
-pods only while they request a GPU resource. An object that does not parse (a NUL in a
+units are released by the next pass); one that still carries gpuplane's finalizer is
+noted (``FinalizerRelease``) in the same transaction that drops its row, and the full
+pass that sees the row gone removes the finalizer after its commit (SPEC §6). Pods only
+while they request a GPU resource. An object that does not parse (a NUL in a
 field, a bind request over 128 characters, ...) is refused at the parser, logged with the
 object and field, counted (``SyncStatus.invalid``, ``last_invalid``) and never stops the
 others; if the mirror had a row for it, the row keeps its last good state and is marked
@@ -38,7 +51,7 @@ from django.utils import timezone
 from binder import apiserver, models
 from binder.errors import describe, is_transient
 from binder.kube import client as kube_client
-from binder.mirror.write import RELEASED_BY_BINDER, Applied, mirror_event, mirror_list
+from binder.mirror.write import RELEASED_BY_BINDER, Applied, mirror_event, mirror_list, mirror_objects
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +63,24 @@ def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
     """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
 
     Written with the object's resourceVersion: on a conflict the object changed and
-    its next event brings it back here.
+    its next event brings it back here. The object the write returned is mirrored at
+    once (only its version moved): the binder's next status write then has the current
+    version as its precondition instead of meeting a 409 until the event arrives.
     """
     finalizers = kube_client.with_finalizer(obj)
     if finalizers is None or kind not in RELEASED_BY_BINDER:
         return
     meta = obj.get("metadata") or {}
     try:
-        apiserver.api().set_finalizers(
+        stored = apiserver.api().set_finalizers(
             kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
         )
     except Exception as exc:
         if not is_transient(exc):
             raise
         log.info("sync: finalizer on %s %s left for its next event: %s", kind, meta.get("name"), describe(exc))
+        return
+    mirror_objects(kind, [stored], queue=False)
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -102,7 +119,7 @@ class KindSync:
 
     def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
         listing = apiserver.api().list(self.kind)
-        applied = mirror_list(self.kind, listing.items, progress)
+        applied = mirror_list(self.kind, listing.items, progress, list_version=listing.resource_version)
         for obj in listing.items:
             add_finalizer(self.kind, obj)
         self.resource_version = listing.resource_version
@@ -111,7 +128,7 @@ class KindSync:
             resource_version=listing.resource_version,
             listed=len(listing.items),
             listed_at=timezone.now(),
-            add={"relists": 1, "invalid": applied.invalid},
+            add={"relists": 1, "invalid": applied.invalid, "stale": applied.stale},
             **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
         )
         log.info(
@@ -147,7 +164,7 @@ class KindSync:
                     resource_version=version,
                     last_event_at=timezone.now(),
                     lag_seconds=lag,
-                    add={"events": 1, "invalid": applied.invalid},
+                    add={"events": 1, "invalid": applied.invalid, "stale": applied.stale},
                     **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
                 )
                 if self.stop.is_set():

@@ -4,9 +4,11 @@ view of the same devices (shared by tests/test_cluster.py and tests/test_faults.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
-from binder import models
+from binder import models, sync
 from tests.kube_emulator import RunningApiServer
 from tests.shapes import (
     A10,
@@ -61,3 +63,24 @@ def seed_cluster(server: RunningApiServer) -> None:
     real_uid = server.request("GET", "/api/v1/namespaces/t1/pods/virt-launcher-vm1-real1")["metadata"]["uid"]
     vmi["status"]["activePods"] = {real_uid: "n1"}  # the server gave the pod its uid
     server.seed(vmi, launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
+
+
+class Follower:
+    """The sync of some kinds, driven step by step: list once, then apply what the watch
+    delivers for a moment (``follow``), as ``sync_cluster``'s threads do continuously."""
+
+    def __init__(self, *kinds: str) -> None:
+        stop = threading.Event()
+        self.runners = [sync.KindSync(kind, stop, relist_seconds=300, watch_seconds=1) for kind in kinds]
+        for runner in self.runners:
+            runner.relist()
+
+    def follow(self, seconds: float = 1.0) -> None:
+        """Apply every event the watch delivers within ``seconds`` (per kind)."""
+        for runner in self.runners:
+            runner.watch_until(time.monotonic() + seconds)
+
+
+def gpu_lists(server: RunningApiServer) -> int:
+    """How many LISTs of GPUs gpuplane has made (the test's own reads not counted)."""
+    return sum(1 for _, resource, verb in server.server.gpuplane_calls if resource == "gpus" and verb == "list")

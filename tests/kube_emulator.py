@@ -33,6 +33,18 @@ behaviour it stands for:
 - **Fault injection** (``fail_writes``): a callable that may turn any write into an
   error status (409, 500...), standing for conflicts with other writers and a flaky
   apiserver or etcd.
+- **Watch delivery** (``withhold``, ``release_held``): a callable that may hold an event
+  back from every watch (delivered by ``release_held``, after later ones) or drop it for
+  good, while reads (GET, LIST) already return the write. It stands for the real
+  server's watch cache trailing etcd (a write's response, and a consistent LIST, arrive
+  before its event, by seconds under load) and, for a dropped event, one the sync never
+  applies (its watch ended or failed after the event was sent; only a relist repairs
+  it). A held event keeps its object's resourceVersion; its delivery takes a new
+  revision of the log, as a watch resumed after it would see it.
+- **Request counts**: ``calls`` records every object request as the RBAC verb it needs,
+  and ``gpuplane_calls`` those not made by the test's own set-up and checks
+  (``RunningApiServer.request``), so a test can say "no LIST of GPUs happened during a
+  pass" (an audit log filtered by user would say the same of a real server).
 
 Merge-patch (RFC 7386) is applied for ``application/merge-patch+json`` and, as an
 approximation, for strategic merge patches (gpuplane sends only maps there);
@@ -92,6 +104,9 @@ PATH = re.compile(
     r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?/?$"
 )
 
+
+#: The User-Agent of the test's own requests (set-up and checks), not counted as gpuplane's.
+TEST_AGENT = "kube-emulator-test"
 
 #: ``/api/v1/namespaces/<name>[/status]``: a namespace itself, not a path inside one.
 NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|finalize))?/?$")
@@ -216,6 +231,11 @@ class ApiServer(kmock.KubernetesEmulator):
         self.writes: list[tuple[str, str, str, str, int]] = []  # (verb, plural, ns, name+sub, status code)
         #: Every object request as the RBAC verb it needs: (API group, resource[/sub], verb).
         self.calls: list[tuple[str, str, str]] = []
+        #: The same, without the test's own requests (``RunningApiServer.request``).
+        self.gpuplane_calls: list[tuple[str, str, str]] = []
+        #: Watch delivery: ``withhold(event)`` says "hold" (deliver at ``release_held``), "drop" or None.
+        self.withhold: Callable[[Event], str | None] | None = None
+        self.held: list[Event] = []
 
     # -- HTTP entry ----------------------------------------------------------------------
 
@@ -233,6 +253,8 @@ class ApiServer(kmock.KubernetesEmulator):
         if kind is None:
             return await super().__call__(raw)  # discovery and the rest: kmock's own
         self.calls.append(rbac_call(raw.method, kind, match["name"], match["sub"], raw.query))
+        if raw.headers.get("User-Agent") != TEST_AGENT:
+            self.gpuplane_calls.append(self.calls[-1])
         if self.changed is None:  # created in the server's own event loop
             self.changed = asyncio.Condition()
         body = await raw.read()
@@ -286,7 +308,21 @@ class ApiServer(kmock.KubernetesEmulator):
         return (kind.plural, (ns or "") if kind.namespaced else "", name)
 
     def _emit(self, kind: Kind, type_: str, obj: dict[str, Any]) -> None:
-        self.store.events.append(Event(self.store.revision, kind, type_, copy.deepcopy(obj)))
+        event = Event(self.store.revision, kind, type_, copy.deepcopy(obj))
+        verdict = self.withhold(event) if self.withhold is not None else None
+        if verdict == "hold":
+            self.held.append(event)
+        elif verdict != "drop":
+            self.store.events.append(event)
+
+    def release_held(self) -> int:
+        """Deliver the held events now (after every event sent meanwhile), in write order."""
+        with self.lock:
+            held, self.held = self.held, []
+            for event in held:
+                self.store.revision += 1
+                self.store.events.append(Event(self.store.revision, event.kind, event.type, event.obj))
+        return len(held)
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.store.revision += 1
@@ -540,7 +576,7 @@ class RunningApiServer:
         """One HTTP call to the emulator (test set-up), JSON in and out; errors raise."""
         data = json.dumps(body).encode() if body is not None else None
         content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
-        headers = {"Content-Type": content_type}
+        headers = {"Content-Type": content_type, "User-Agent": TEST_AGENT}
         call = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)  # noqa: S310
         with urllib.request.urlopen(call, timeout=10) as answer:  # noqa: S310 - the local emulator
             return json.loads(answer.read() or b"null")

@@ -1,14 +1,20 @@
-"""Cluster mode against an API server: sync, fresh reads, status writes, finalizers.
+"""Cluster mode against an API server: sync, passes that list nothing, status writes, finalizers.
 
 gpuplane talks to ``tests.kube_emulator.ApiServer`` (kmock's Kubernetes emulator,
 extended where the real kube-apiserver behaves differently: uid and resourceVersion
 on writes, 409 on stale versions, the status subresource, 410 Gone, finalizers,
-namespace deletion) through the official ``kubernetes`` client over real HTTP.
+namespace deletion, watch events held back or dropped while reads already return the
+write, counts of gpuplane's own requests) through the official ``kubernetes`` client
+over real HTTP. The freshness tests (SPEC §4) check that a watch delivering the binder's
+own writes late, out of order (behind a relist taken before them) or never does not
+make a pass book the same units twice, that a 409 leads to one GET, and that no pass
+lists GPUs.
 Cluster objects are built from the real captures (``tests.shapes``).
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import Counter
@@ -17,12 +23,14 @@ from typing import Any
 
 import pytest
 
+from binder import apiserver as kube_connection
 from binder import models, sync
 from binder.actions import change_node
 from binder.engine.preview import NodeAction
 from binder.kube import client as kube_client
+from binder.mirror.write import mirror_event, mirror_list
 from binder.runtime.passes import run_pass
-from tests.cluster_mode import GPUS, cluster_gpus, mirrored_devices, seed_cluster
+from tests.cluster_mode import GPUS, Follower, cluster_gpus, gpu_lists, mirrored_devices, seed_cluster
 from tests.factories import new_vmi, review
 from tests.kube_emulator import RunningApiServer
 from tests.manifests import of_kind, overlay
@@ -194,20 +202,154 @@ def test_every_third_status_write_fails_and_later_passes_make_every_set_whole(ap
     assert models.Decision.objects.filter(to_phase="Bound").count() == 8
 
 
+# -- freshness without a LIST (SPEC §4): the pass's own writes, late or lost events, 409s ------
+
+
+def two_unit_cluster(server: RunningApiServer, orders: dict[str, int]) -> None:
+    """One node with 2 h100 units; each order ``vm -> devices`` a Pending set, oldest first."""
+    server.seed(namespace_obj("t1"), node_obj("n1", {H100: 2}), class_obj("h100", H100))
+    server.seed(
+        *(gpu_obj("t1", f"{vm}-gpu{i}", "h100", vm, created=f"2026-11-2{n}T10:00:00Z")
+          for n, (vm, count) in enumerate(orders.items()) for i in range(count)),
+    )  # fmt: skip
+
+
+def phases(server: RunningApiServer, vm: str) -> set[tuple[str, str]]:
+    """(phase, node) of a set's devices as the cluster holds them."""
+    return {
+        ((g.get("status") or {}).get("phase", "Pending"), (g.get("status") or {}).get("node") or "")
+        for g in cluster_gpus(server).values()
+        if g["spec"]["vmName"] == vm
+    }
+
+
+def gpu_status_events(event: Any) -> str | None:
+    """The GPU events a status write causes (MODIFIED with a phase): the binder's own writes."""
+    return "drop" if event.kind.plural == "gpus" and event.type == "MODIFIED" else None
+
+
 @pytest.mark.django_db
-def test_a_pass_reads_devices_fresh_not_from_a_stale_mirror(apiserver: RunningApiServer) -> None:
-    apiserver.seed(namespace_obj("t1"), node_obj("n1", {H100: 2}), class_obj("h100", H100))
-    apiserver.seed(gpu_obj("t1", "a-gpu0", "h100", "a", phase="Bound", node="n1"))
-    apiserver.seed(gpu_obj("t1", "a-gpu1", "h100", "a", phase="Bound", node="n1"))
-    sync.sync_once()
-    # Someone else's write the sync has not seen: the mirror still says Pending.
-    apiserver.seed(gpu_obj("t1", "b-gpu0", "h100", "b"))
-    models.GpuDevice.objects.filter(name="a-gpu0").update(phase="Pending", node="")  # a stale mirror row
+def test_a_pass_after_its_own_watch_events_were_lost_still_sees_its_booking(apiserver: RunningApiServer) -> None:
+    two_unit_cluster(apiserver, {"a": 2})
+    follower = Follower("Namespace", "Node", "GPUClass", "GPUBudget", "GPU")
+    apiserver.server.withhold = gpu_status_events  # the watch never brings the binder's writes back
+    lists = gpu_lists(apiserver)
+    first = run_pass("full")
+    assert first.devices_written == 2 and phases(apiserver, "a") == {("Bound", "n1")}
+    # The pass mirrored what its writes returned: the row is the object at that version.
+    for name in ("a-gpu0", "a-gpu1"):
+        row = models.GpuDevice.objects.get(name=name)
+        stored = cluster_gpus(apiserver)[("t1", name)]
+        assert (row.phase, row.node, row.resource_version) == ("Bound", "n1", stored["metadata"]["resourceVersion"])
+    # A new order arrives (its ADDED event is delivered); n1 is full.
+    apiserver.seed(gpu_obj("t1", "b-gpu0", "h100", "b", created="2026-11-29T10:00:00Z"))
+    follower.follow()
+    assert ("t1", "b-gpu0") in mirrored_devices()
+    second = run_pass("full")
+    assert second.view == "incremental"
+    assert phases(apiserver, "b") == {("Pending", "")}
+    assert "no Ready, schedulable node" in cluster_gpus(apiserver)[("t1", "b-gpu0")]["status"]["reason"]
+    whole, booked = whole_and_within_capacity(apiserver)
+    assert whole and booked == {"n1": 2}
+    assert gpu_lists(apiserver) == lists, "a pass listed GPUs"
+
+
+@pytest.mark.django_db
+def test_late_watch_events_and_a_relist_older_than_the_row_are_ignored(apiserver: RunningApiServer) -> None:
+    two_unit_cluster(apiserver, {"a": 2, "b": 2})
+    follower = Follower("Namespace", "Node", "GPUClass", "GPUBudget", "GPU")
+    api = kube_connection.api()
+    before = api.list("GPU")  # a relist's snapshot, taken before the pass, applied after it
+    held = Counter[str]()
+
+    def hold_gpu_events(event: Any) -> str | None:
+        if event.kind.plural != "gpus":
+            return None
+        held[event.type] += 1
+        return "hold"
+
+    apiserver.server.withhold = hold_gpu_events
     run_pass("full")
-    gpus = cluster_gpus(apiserver)
-    assert gpus[("t1", "b-gpu0")]["status"]["phase"] == "Pending"  # n1 is full: a's units were read fresh
-    assert "no Ready, schedulable node" in gpus[("t1", "b-gpu0")]["status"]["reason"]
+    assert phases(apiserver, "a") == {("Bound", "n1")} and phases(apiserver, "b") == {("Pending", "")}
+    mirror_list("GPU", before.items, list_version=before.resource_version)
+    assert mirrored_devices()[("t1", "a-gpu0")] == ("Bound", "n1"), "the older list undid the pass's booking"
+    # An event older than the row (a copy of the object from before the pass) changes nothing.
+    stale = next(g for g in before.items if g["metadata"]["name"] == "a-gpu1")
+    assert mirror_event("GPU", "MODIFIED", stale).stale == 1
+    assert mirrored_devices()[("t1", "a-gpu1")] == ("Bound", "n1")
+    # The held events (the pass's own writes) arrive late, after everything sent since.
+    apiserver.server.withhold = None
+    assert apiserver.server.release_held() == held["MODIFIED"] > 0
+    follower.follow()
     assert mirrored_devices()[("t1", "a-gpu0")] == ("Bound", "n1")
+    run_pass("full")
+    assert phases(apiserver, "a") == {("Bound", "n1")} and phases(apiserver, "b") == {("Pending", "")}
+    whole, booked = whole_and_within_capacity(apiserver)
+    assert whole and booked == {"n1": 2}
+    # The events of the sync's own finalizer writes (before the pass) came after the pass's
+    # writes: older than the rows, ignored; the pass's own events were the rows' versions.
+    assert models.SyncStatus.objects.get(kind="GPU").stale == 4
+    # A deletion is applied whatever the row holds: a DELETED event carries the last version.
+    assert mirror_event("GPU", "DELETED", stale).deleted == 1
+    assert ("t1", "a-gpu1") not in mirrored_devices()
+
+
+@pytest.mark.django_db
+def test_a_409_gets_that_one_object_and_the_next_pass_writes_against_it(apiserver: RunningApiServer) -> None:
+    two_unit_cluster(apiserver, {"a": 2})
+    follower = Follower("Namespace", "Node", "GPUClass", "GPUBudget", "GPU")
+    apiserver.server.withhold = lambda event: "hold" if event.kind.plural == "gpus" else None
+    # Someone else changes a-gpu0; the watch has not brought it: the row's version is old.
+    apiserver.request("PATCH", f"{GPUS}/namespaces/t1/gpus/a-gpu0", {"metadata": {"labels": {"team": "x"}}})
+    apiserver.server.gpuplane_calls.clear()
+    first = run_pass("full")
+    assert first.writes_failed == 1
+    gets = [c for c in apiserver.server.gpuplane_calls if c == (kube_client.GROUP, "gpus", "get")]
+    assert len(gets) == 1 and gpu_lists(apiserver) == 0
+    current = cluster_gpus(apiserver)[("t1", "a-gpu0")]
+    assert models.GpuDevice.objects.get(name="a-gpu0").resource_version == current["metadata"]["resourceVersion"]
+    assert phases(apiserver, "a") == {("Bound", "n1"), ("Pending", "")}  # half-written
+    second = run_pass("full")
+    assert second.writes_failed == 0
+    assert phases(apiserver, "a") == {("Bound", "n1")}
+    assert mirrored_devices()[("t1", "a-gpu0")] == ("Bound", "n1")
+    apiserver.server.withhold = None
+    apiserver.server.release_held()
+    follower.follow()
+    assert run_pass("full").devices_written == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_watch_that_delays_or_loses_the_binders_writes_never_double_books(
+    apiserver: RunningApiServer, seed: int
+) -> None:
+    """Orders keep arriving on two 2-unit nodes while the watch holds back, drops or
+    late-delivers the GPU events at random; after every pass no node holds more than it
+    has, and every set is whole (what a double booking would break first)."""
+    rng = random.Random(seed)
+    apiserver.seed(namespace_obj("t1"), node_obj("n1", {H100: 2}), node_obj("n2", {H100: 2}), class_obj("h100", H100))
+    follower = Follower("Namespace", "Node", "GPUClass", "GPUBudget", "GPU")
+    apiserver.server.withhold = lambda event: (
+        rng.choice(("hold", "drop", None)) if event.kind.plural == "gpus" and event.type == "MODIFIED" else None
+    )
+    lists = gpu_lists(apiserver)
+    for n in range(6):
+        vm = f"vm{n}"
+        apiserver.seed(*(gpu_obj("t1", f"{vm}-gpu{i}", "h100", vm, created=f"2026-11-2{n}T10:00:00Z")
+                         for i in range(rng.choice((1, 2)))))  # fmt: skip
+        follower.follow(0.5)
+        run_pass("full")
+        whole, booked = whole_and_within_capacity(apiserver)
+        assert all(units <= 2 for units in booked.values()), booked
+        assert whole
+        if rng.random() < 0.5:
+            apiserver.server.release_held()
+    assert gpu_lists(apiserver) == lists
+    follower.follow(0.5)
+    run_pass("full")
+    _, booked = whole_and_within_capacity(apiserver)
+    assert sum(booked.values()) >= 3  # the nodes really filled up
 
 
 @pytest.mark.django_db
@@ -246,11 +388,14 @@ def test_class_deletion_releases_its_devices_then_the_class(apiserver: RunningAp
     settings.GPUPLANE_ENABLED = False
     apiserver.request("DELETE", f"{GPUS}/gpuclasses/h100")
     assert apiserver.request("GET", f"{GPUS}/gpuclasses/h100")["metadata"]["deletionTimestamp"]
+    sync.sync_once()  # the sync sees the deletion and notes the finalizer; the pass lists nothing
+    assert models.FinalizerRelease.objects.filter(kind="GPUClass", name="h100").exists()
     run = run_pass("full")
     assert run.finalizers_released == 1
     classes = [c["metadata"]["name"] for c in apiserver.request("GET", f"{GPUS}/gpuclasses")["items"]]
     assert classes == ["a10"]
     assert not UsageRecord.objects.filter(key="h100", end__isnull=True).exists()
+    assert not models.FinalizerRelease.objects.exists()
 
 
 @pytest.mark.django_db
@@ -260,11 +405,15 @@ def test_usage_records_read_the_vmi_fresh_from_the_api_server(apiserver: Running
     run_pass("full")
     raw = dict(UsageRecord.objects.filter(subject_kind="Pod", end__isnull=True).values_list("subject", "units"))
     assert raw == {"virt-launcher-vm1-fake1": 3, "trainer": 1}  # the forger pays in full; the launcher nothing
-    # The VMI ends in the cluster; the mirror has not heard yet. Records read it fresh:
-    # the former launcher's GPUs are now raw usage.
+    # The VMI ends in the cluster; its event makes the set's pods a subject of the next
+    # pass, whose records read the VMI fresh (a GET, SPEC §2): the former launcher's GPUs
+    # are now raw usage.
     apiserver.request("PATCH", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status",
                       {"status": {"activePods": None}})  # fmt: skip
+    sync.KindSync("VirtualMachineInstance", threading.Event(), relist_seconds=0, watch_seconds=1).relist()
+    apiserver.server.gpuplane_calls.clear()
     run_pass("full")
+    assert ("kubevirt.io", "virtualmachineinstances", "get") in apiserver.server.gpuplane_calls
     raw = dict(UsageRecord.objects.filter(subject_kind="Pod", end__isnull=True).values_list("subject", "units"))
     assert raw["virt-launcher-vm1-real1"] == 2
 
@@ -304,11 +453,12 @@ def test_sync_and_passes_settle_the_cluster_and_then_go_quiet(apiserver: Running
 def test_sync_lag_and_counts_are_exported(apiserver: RunningApiServer, client: Any) -> None:
     apiserver.seed(namespace_obj("t1"), gpu_obj("t1", "g0", "h100", "vm0"))
     sync.sync_once()
-    models.SyncStatus.objects.filter(kind="GPU").update(lag_seconds=0.25, events=7, gone=1)
+    models.SyncStatus.objects.filter(kind="GPU").update(lag_seconds=0.25, events=7, gone=1, stale=3)
     text = client.get("/metrics").content.decode()
     assert 'gpuplane_sync_lag_seconds{kind="GPU"} 0.25' in text
     assert 'gpuplane_sync_events_total{kind="GPU"} 7.0' in text
     assert 'gpuplane_sync_gone_total{kind="GPU"} 1.0' in text
+    assert 'gpuplane_sync_stale_total{kind="GPU"} 3.0' in text
     assert 'gpuplane_sync_listed_objects{kind="GPU"} 1.0' in text
 
 
@@ -361,7 +511,20 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
         runner = sync.KindSync(kind, stop, relist_seconds=1, watch_seconds=1)
         runner.resource_version = str(apiserver.server.store.revision)
         runner.watch_until(time.monotonic() + 1)
-    run_pass("full")  # fresh reads, status of devices, classes and budgets, VMIs read fresh
+    # Status of devices, classes and budgets (the first write of each kind meets a 409, so
+    # that one object is read again), VMIs read fresh.
+    conflicted: set[str] = set()
+
+    def first_status_write_conflicts(verb: str, kind: Any, ns: str, target: str) -> int | None:
+        if target.endswith("/status") and kind.plural not in conflicted:
+            conflicted.add(kind.plural)
+            return 409
+        return None
+
+    apiserver.server.fail_writes = first_status_write_conflicts
+    run_pass("full")
+    apiserver.server.fail_writes = None
+    assert conflicted == {"gpus", "gpuclasses", "gpubudgets"}
     body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
     allowed_patch(post(client, body), body)  # the webhook's bind-request annotation
     apiserver.request("DELETE", f"{GPUS}/gpuclasses/a10")  # the operator's call, not gpuplane's

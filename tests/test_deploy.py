@@ -60,10 +60,10 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     **{("gpuplane-sync", g, r): {"list", "watch"} for g, r in MIRRORED},
     ("gpuplane-sync", GROUP, "gpus"): {"list", "watch", "patch"},
     ("gpuplane-sync", GROUP, "gpuclasses"): {"list", "watch", "patch"},
-    # the binder: fresh reads, status, finalizer removal, VMIs for usage records.
-    ("gpuplane-binder", GROUP, "gpubudgets"): {"list"},
-    ("gpuplane-binder", GROUP, "gpus"): {"list", "patch"},
-    ("gpuplane-binder", GROUP, "gpuclasses"): {"list", "patch"},
+    # the binder: one object read after a 409, status, finalizer removal, VMIs for usage records.
+    ("gpuplane-binder", GROUP, "gpubudgets"): {"get"},
+    ("gpuplane-binder", GROUP, "gpus"): {"get", "patch"},
+    ("gpuplane-binder", GROUP, "gpuclasses"): {"get", "patch"},
     **{("gpuplane-binder", GROUP, f"{r}/status"): {"patch"} for r in ("gpus", "gpuclasses", "gpubudgets")},
     ("gpuplane-binder", "kubevirt.io", "virtualmachineinstances"): {"get"},
     # the web: the bind request annotation, VMIs for the tenant usage API.
@@ -72,13 +72,14 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     # the admin's node actions: the node's resourceVersion, then the cordon or drain patch.
     ("gpuplane-web", "", "nodes"): {"get", "patch"},
 }
-#: All roles together: list/watch on the mirrored kinds, get on VMIs, patch on gpus and
-#: gpuclasses (finalizers, bind request) and on the status of the three gpuplane kinds;
-#: get and patch on nodes (the admin's cordon and drain).
-#: No get or update on gpus/gpuclasses: no code path reads one object or PUTs one.
+#: All roles together: list/watch on the mirrored kinds, get on VMIs and on the three
+#: gpuplane kinds (the binder's single read after a 409), patch on gpus and gpuclasses
+#: (finalizers, bind request) and on the status of the three gpuplane kinds; get and
+#: patch on nodes (the admin's cordon and drain). No update: no code path PUTs an object.
 EXPECTED_UNION = {
     *{(g, r, v) for g, r in MIRRORED for v in ("list", "watch")},
     ("kubevirt.io", "virtualmachineinstances", "get"),
+    *{(GROUP, r, "get") for r in ("gpus", "gpuclasses", "gpubudgets")},
     *{(GROUP, r, "patch") for r in ("gpus", "gpuclasses")},
     *{(GROUP, f"{r}/status", "patch") for r in ("gpus", "gpuclasses", "gpubudgets")},
     ("", "nodes", "get"),

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -35,6 +36,7 @@ from binder import apiserver, models, queue
 from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
 from binder.mirror.read import engine_settings, read_rows
+from binder.mirror.write import mirror_objects
 from binder.runtime.answers import listening
 from webhooks import admission
 from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
@@ -153,12 +155,18 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
         nonlocal committed
         committed = True
 
+    annotated: list[dict[str, Any]] = []
     if joined is None and apiserver.cluster_mode():
-        refused = annotate_in_cluster(review, names, request_id)
+        refused = annotate_in_cluster(review, names, request_id, annotated)
         if refused is not None:
             return refused
     try:
         with transaction.atomic():
+            if annotated:
+                # The objects as the API server stored them: the rows get the version the
+                # binder's status write must name (else it meets a 409 until the watch
+                # brings the annotation).
+                mirror_objects("GPU", annotated, queue=False)
             if joined is not None:
                 # The request in flight has its answer pass queued; asking again is collapsed.
                 transaction.on_commit(mark_committed)
@@ -213,14 +221,19 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
             time.sleep(min(remaining, POLL_SECONDS))
 
 
-def annotate_in_cluster(review: Review, names: tuple[str, ...], request_id: str) -> Verdict | None:
+def annotate_in_cluster(
+    review: Review, names: tuple[str, ...], request_id: str, annotated: list[dict[str, Any]]
+) -> Verdict | None:
     """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
     each GPU object (SPEC §1), with the VMI's nodeSelector beside it as
-    ``gpuplane.io/bind-node-selector`` (SPEC §5 step 4), where the binder's fresh read finds them."""
+    ``gpuplane.io/bind-node-selector`` (SPEC §5 step 4); the objects the API server
+    returned go to ``annotated`` (the caller mirrors them)."""
     api = apiserver.api()
     for name in names:
         try:
-            api.annotate_bind_request(review.namespace, name, request_id, review.scheduling.node_selector)
+            annotated.append(
+                api.annotate_bind_request(review.namespace, name, request_id, review.scheduling.node_selector)
+            )
         except Exception as exc:  # noqa: BLE001 - any failure: a clear denial within the timeout, never a 500
             if isinstance(exc, ApiException) and exc.status == 404:
                 return admission.set_changed(review)

@@ -1,7 +1,7 @@
 """The one place gpuplane talks to the Kubernetes API server (cluster mode).
 
-Everything else (sync, the binder's fresh reads and status writes, finalizers, the
-webhook's bind-request annotation, fresh VMI reads for usage records) goes through
+Everything else (sync, the binder's status writes and its single GET after a conflict,
+finalizers, the webhook's bind-request annotation, fresh VMI reads for usage records) goes through
 :class:`KubeApi`, built on the official ``kubernetes`` client. Objects travel as the
 plain JSON dicts the API server sends (camelCase, as ``kubectl get -o json`` prints
 them), because that is what ``binder.kube.objects`` parses and validates; the client's typed
@@ -10,7 +10,9 @@ models would cost a conversion per object and a second shape to keep in step.
 Writes that must not overwrite someone else's change carry the ``resourceVersion``
 they were computed from (``metadata.resourceVersion`` in the merge patch): the API
 server answers 409 Conflict if the object moved on, and the caller leaves that object
-for the next pass, which reads it fresh.
+for the next pass (the binder GETs that one object and mirrors it first). Every write
+returns the object as the server stored it, with its new resourceVersion, which the
+callers mirror (``binder.mirror.write.mirror_objects``).
 """
 
 from __future__ import annotations
@@ -195,11 +197,11 @@ class KubeApi:
 
     def set_finalizers(
         self, kind: str, namespace: str, name: str, finalizers: Sequence[str], resource_version: str
-    ) -> Any:
-        """Replace ``metadata.finalizers``, only if still at ``resource_version``."""
+    ) -> dict[str, Any]:
+        """Replace ``metadata.finalizers``, only if still at ``resource_version``; the object as stored."""
         resource = RESOURCES[kind]
         body = {"metadata": {"finalizers": [*finalizers] or None, "resourceVersion": resource_version}}
-        return self._call("PATCH", resource.path(namespace, name), body=body)
+        return self._typed(resource, self._call("PATCH", resource.path(namespace, name), body=body))
 
     def patch_node(self, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
         """A staff node action (cordon, drain and their undoing, SPEC §4 step 2): merge ``patch``
@@ -210,7 +212,7 @@ class KubeApi:
 
     def annotate_bind_request(
         self, namespace: str, name: str, request_id: str, node_selector: Mapping[str, str] | None = None
-    ) -> Any:
+    ) -> dict[str, Any]:
         """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation (SPEC §1)
         and, with it, the VMI's nodeSelector as ``gpuplane.io/bind-node-selector`` (SPEC §5
         step 4; removed when the VMI has none, so an older request's selector does not stay)."""
@@ -218,7 +220,7 @@ class KubeApi:
         body = {
             "metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}}
         }
-        return self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body)
+        return self._typed(RESOURCES["GPU"], self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body))
 
 
 def with_finalizer(obj: Mapping[str, Any]) -> list[str] | None:

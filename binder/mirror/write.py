@@ -1,12 +1,32 @@
 """Writes to the mirror: the one place rows of mirrored objects are created, changed or removed.
 
-A snapshot load, the cluster sync's lists and watch events and the binder's fresh reads
-all end here, so every mirror write path goes through the same upsert (and, with the
-change feed, the same record of what changed).
+A snapshot load, the cluster sync's lists and watch events, and in cluster mode the
+objects the binder's own writes returned (status PATCH responses, the single GET after a
+409, the sync's finalizer PATCH responses) all end here, so every mirror write path goes
+through the same upsert (and, with the change feed, the same record of what changed).
+
+**Versions** (cluster mode, SPEC §4 Freshness). Rows of the kinds the binder writes
+(:data:`VERSIONED`: GPU, GPUClass, GPUBudget) keep the ``resourceVersion`` of the object
+they hold, and every writer that sets it writes the whole object at that version. A
+watch event or a listed object *older* than its row is ignored: the binder has already
+mirrored its own later write (its PATCH response), and applying the older object would
+undo that booking in the mirror until the watch caught up, so the next pass could book
+the same units twice. The watch delivers the binder's own writes late (the watch cache
+trails etcd), and a relist's snapshot may predate a write committed while it was being
+applied; neither may win over the row. The comparison takes resourceVersions as integers:
+etcd's are (its revision), and Kubernetes 1.34 (KEP-5504, comparable resource versions)
+makes "compare them as integers" the documented contract. A version that does not parse
+as an integer (another storage, an empty version from an older row) cannot be ordered,
+so the object is applied, as before versions were kept. Deletions are always applied:
+a DELETED event carries the object's last version, and a GPU or class being deleted
+never comes back (``deletionTimestamp`` cannot be removed), so no row is newer than it.
+The check and the write happen under the row's lock (``SELECT ... FOR UPDATE``), so a
+pass and the sync writing one row at once are ordered, and the older loses.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,6 +44,8 @@ from binder.kube.objects import ObjectError, Parsed, parse_object, text_problem
 log = logging.getLogger(__name__)
 
 NAMESPACED = {"GPU", "GPUBudget", "VirtualMachineInstance", "Pod"}
+#: Kinds whose rows keep the object's resourceVersion (the binder writes their status).
+VERSIONED = {"GPU", "GPUClass", "GPUBudget"}
 
 
 @dataclass
@@ -117,6 +139,8 @@ class Applied:
     upserted: int = 0
     deleted: int = 0
     invalid: int = 0
+    #: objects older than their row, ignored (see the module docstring)
+    stale: int = 0
     #: the last refusal, "<object>: <field>: <why>" (for SyncStatus.last_invalid)
     last_invalid: str = ""
 
@@ -209,33 +233,56 @@ def mirror_list(
     progress: Callable[[int], None] | None = None,
     *,
     queue: bool = True,
+    list_version: str = "",
 ) -> Applied:
     """Make the mirror's rows of ``kind`` exactly the listed objects (one transaction).
 
-    A change queues a full pass, unless ``queue`` is false (the pass's own fresh read).
+    Versioned rows (:data:`VERSIONED`) already at the listed object's version are not
+    written again (every writer that sets a version writes the object at it), and rows
+    newer than the listed object keep what they hold: the list was taken before a write
+    the row has. A row missing from the list is deleted unless it is newer than the list
+    itself (``list_version``). A change queues a full pass, unless ``queue`` is false.
     """
     keep: list[Parsed] = []
     refused: list[Refused] = []
+    releasing: list[Mapping[str, Any]] = []
     for obj in items:
         bad, parsed = kept(kind, obj)
         if bad is not None:
             refused.append(bad)
         if parsed is not None:
-            keep.append(parsed)
+            keep.append(_versioned(kind, parsed, obj))
+        elif bad is None and held_by_us(kind, obj):
+            releasing.append(obj)
         if progress is not None:
             progress(1)
     # An object that does not parse is still in the cluster: its row is not stale.
     wanted_keys = {(p.namespace, p.name) for p in keep} | {r.key for r in refused if r.key is not None}
     with transaction.atomic():
+        stale_objects = 0
+        if kind in VERSIONED:
+            stored = {(ns, name): version for _, ns, name, version in _versions(kind)}
+            # A row at the listed version already holds that object: nothing to write or lock.
+            keep = [p for p in keep if not _at(stored, p)]
+            rows = _locked_versions(kind, [(p.namespace, p.name) for p in keep])
+            fresh = [p for p in keep if not older(p.values["resource_version"], rows.get((p.namespace, p.name), ""))]
+            stale_objects = len(keep) - len(fresh)
+            keep = fresh
         write_parsed(keep)
         mark_refused(kind, refused)
-        stale = [row_id for row_id, ns, name in _keys(kind) if (ns, name) not in wanted_keys]
+        missing = {(row_id, ns, name) for row_id, ns, name, _ in _versions(kind) if (ns, name) not in wanted_keys}
+        # Locked and checked again: a row a pass wrote after the list was taken stays.
+        now = _locked_versions(kind, [(ns, name) for _, ns, name in missing]) if kind in VERSIONED else {}
+        stale = sorted(row_id for row_id, ns, name in missing if not older(list_version, now.get((ns, name), "")))
         for start in range(0, len(stale), 1000):
             MODELS[kind].objects.filter(id__in=stale[start : start + 1000]).delete()
+        if kind in RELEASED_BY_BINDER:
+            _note_releases(kind, releasing, replace=True)
         applied = Applied(
             upserted=len(keep),
             deleted=len(stale),
             invalid=len(refused),
+            stale=stale_objects,
             last_invalid=refused[-1].error[:2000] if refused else "",
         )
         if applied.changed and queue:
@@ -245,31 +292,223 @@ def mirror_list(
 
 def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
-    refused, parsed = kept(kind, obj) if event_type != "DELETED" else (None, None)
-    with transaction.atomic():
-        if refused is not None:
-            # Not a deletion: the row keeps its last good state, marked (no pass needed).
-            mark_refused(kind, [refused])
-            applied = Applied(invalid=1, last_invalid=refused.error[:2000])
-        elif parsed is not None and unchanged(kind, parsed):
-            applied = Applied()  # e.g. only metadata the mirror does not keep: no pass needed
-        elif parsed is not None:
-            write_parsed([parsed])
-            applied = Applied(upserted=1)
-        else:
-            key = storable_key(kind, obj)
+    if event_type == "DELETED":
+        # Always applied, whatever the row's version: the event carries the last one.
+        key = storable_key(kind, obj)
+        with transaction.atomic():
             deleted = _rows(kind, *key).delete()[0] if key is not None else 0
+            if key is not None and kind in RELEASED_BY_BINDER:
+                models.FinalizerRelease.objects.filter(kind=kind, namespace=key[0], name=key[1]).delete()
             applied = Applied(deleted=int(bool(deleted)))
-        if applied.changed:
+            if applied.changed:
+                queue_full_pass()
+        return applied
+    return mirror_objects(kind, [obj])
+
+
+def mirror_objects(kind: str, objects: Sequence[Mapping[str, Any]], *, queue: bool = True) -> Applied:
+    """Apply objects as the API server returned them (watch events, PATCH responses, GETs).
+
+    An object older than its row is ignored (see the module docstring); one that only
+    moved the version (a finalizer added, the binder's own write coming back as an
+    event) updates the row's version and queues no pass.
+    """
+    with transaction.atomic():
+        keys = [key for key in (storable_key(kind, obj) for obj in objects) if key is not None]
+        rows = _locked_versions(kind, keys) if kind in VERSIONED else {}
+        noted = _noted_releases(kind, keys) if kind in RELEASED_BY_BINDER else {}
+        deleted = invalid = stale = 0
+        last_invalid = ""
+        writing: list[Parsed] = []
+        releasing: list[Mapping[str, Any]] = []
+        released: list[tuple[str, str]] = []
+        for obj in objects:
+            key = storable_key(kind, obj)
+            version = resource_version(obj)
+            if key is not None and (older(version, rows.get(key, "")) or older(version, noted.get(key, ""))):
+                stale += 1
+                continue
+            refused, parsed = kept(kind, obj)
+            if refused is not None:
+                # Not a deletion: the row keeps its last good state, marked (no pass needed).
+                mark_refused(kind, [refused])
+                invalid += 1
+                last_invalid = refused.error[:2000]
+            elif parsed is not None:
+                writing.append(_versioned(kind, parsed, obj))
+            elif key is not None:
+                deleted += int(bool(_rows(kind, *key).delete()[0]))
+                if held_by_us(kind, obj):
+                    releasing.append(obj)
+                else:
+                    released.append(key)  # gone, or its finalizer went: no note left
+        same = _same_content(kind, writing)
+        writing = [p for p in writing if (p.namespace, p.name) not in same or _moved(kind, p, rows)]
+        write_parsed(writing)
+        if releasing:
+            _note_releases(kind, releasing)
+        for ns, name in released:
+            models.FinalizerRelease.objects.filter(kind=kind, namespace=ns, name=name).delete()
+        applied = Applied(
+            upserted=len(writing), deleted=deleted, invalid=invalid, stale=stale, last_invalid=last_invalid
+        )
+        # Only the version moved (a finalizer added, the binder's own write): nothing a pass reads.
+        if queue and (deleted or any((p.namespace, p.name) not in same for p in writing)):
             queue_full_pass()
     return applied
 
 
-def unchanged(kind: str, parsed: Parsed) -> bool:
-    """True if the mirror's row already holds every field ``parsed`` would write."""
+def _moved(kind: str, parsed: Parsed, rows: Mapping[tuple[str, str], str]) -> bool:
+    return kind in VERSIONED and rows.get((parsed.namespace, parsed.name)) != parsed.values["resource_version"]
+
+
+def _same_content(kind: str, items: Sequence[Parsed]) -> set[tuple[str, str]]:
+    """Keys of ``items`` whose rows hold every field they would write (but the version)."""
+    if not items:
+        return set()
+    by_key = {(p.namespace, p.name): p for p in items}
+    fields = [f for f in items[0].values if f != "resource_version"]
+    model = MODELS[kind]
+    rows = model.objects.filter(name__in={name for _, name in by_key}, parse_error="")
+    namespace: Any = "namespace__name" if kube_client.RESOURCES[kind].namespaced else Value("")
+    same = set()
+    for ns, name, *values in rows.values_list(namespace, "name", *fields):
+        parsed = by_key.get((ns, name))
+        if parsed is not None and all(parsed.values[f] == v for f, v in zip(fields, values, strict=True)):
+            same.add((ns, name))
+    return same
+
+
+def forget_object(kind: str, namespace: str, name: str) -> int:
+    """Delete the row of an object the API server says is gone (a GET answered 404)."""
+    return int(_rows(kind, namespace, name).delete()[0])
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return version if isinstance(version, str) and len(version) <= 64 else ""
+
+
+def older(incoming: str, stored: str) -> bool:
+    """Whether ``incoming`` is provably older than ``stored`` (integers; else False: apply)."""
+    try:
+        return int(incoming) < int(stored)
+    except ValueError:
+        return False
+
+
+def held_by_us(kind: str, obj: Mapping[str, Any]) -> bool:
+    """A GPU or class being deleted that waits on gpuplane's finalizer (SPEC §6)."""
+    meta = obj.get("metadata")
+    return (
+        kind in RELEASED_BY_BINDER
+        and isinstance(meta, Mapping)
+        and kube_client.is_deleting(obj)
+        and kube_client.FINALIZER in (meta.get("finalizers") or [])
+    )
+
+
+def _versioned(kind: str, parsed: Parsed, obj: Mapping[str, Any]) -> Parsed:
+    if kind not in VERSIONED:
+        return parsed
+    return dataclasses.replace(parsed, values={**parsed.values, "resource_version": resource_version(obj)})
+
+
+def _at(stored: Mapping[tuple[str, str], str], parsed: Parsed) -> bool:
+    version = parsed.values["resource_version"]
+    return bool(version) and stored.get((parsed.namespace, parsed.name)) == version
+
+
+def _versions(kind: str, names: Iterable[str] | None = None, queryset: Any = None) -> Any:
+    """``(id, namespace, name, resourceVersion)`` of the rows of ``kind`` ("" unversioned),
+    of ``names`` only if given."""
+    version: Any = "resource_version" if kind in VERSIONED else Value("")
+    rows = queryset if queryset is not None else MODELS[kind].objects.order_by()
+    if names is not None:
+        rows = rows.filter(name__in=list(names))
+    if kube_client.RESOURCES[kind].namespaced:
+        return rows.values_list("id", "namespace__name", "name", version)
+    return rows.values_list("id", Value(""), "name", version)
+
+
+def _locked_versions(kind: str, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Lock the rows of ``keys`` and return their versions: a concurrent writer of the same
+    row (the pass, the sync, the webhook) waits, then sees this write's version. Rows are
+    locked in id order, as every writer here locks them, so two writers cannot deadlock."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    names = sorted({name for _, name in wanted})
+    ids = sorted(
+        row_id
+        for start in range(0, len(names), 1000)
+        for row_id, ns, name, _ in _versions(kind, names[start : start + 1000])
+        if (ns, name) in wanted
+    )
+    found: dict[tuple[str, str], str] = {}
+    for start in range(0, len(ids), 1000):
+        rows = MODELS[kind].objects.select_for_update(of=("self",)).filter(id__in=ids[start : start + 1000])
+        for _, ns, name, version in _versions(kind, queryset=rows.order_by("id")):
+            found[(ns, name)] = version
+    return found
+
+
+def _noted_releases(kind: str, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The noted versions of deleting objects among ``keys``: the row is gone, the note is
+    the newest version the mirror knows (a late older event must not bring the row back)."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    rows = models.FinalizerRelease.objects.filter(kind=kind, name__in={name for _, name in wanted})
+    return {
+        (ns, name): version
+        for ns, name, version in rows.values_list("namespace", "name", "resource_version")
+        if (ns, name) in wanted
+    }
+
+
+def _note_releases(kind: str, objects: Sequence[Mapping[str, Any]], *, replace: bool = False) -> None:
+    """Note deleting objects that wait on our finalizer (``replace``: these are all of them)."""
+    notes = []
+    for obj in objects:
+        key = storable_key(kind, obj)
+        if key is None:
+            continue
+        meta = obj.get("metadata") or {}
+        notes.append(
+            models.FinalizerRelease(
+                kind=kind,
+                namespace=key[0],
+                name=key[1],
+                uid=str(meta.get("uid") or "")[:64],
+                resource_version=resource_version(obj),
+                finalizers=[str(f) for f in meta.get("finalizers") or []],
+            )
+        )
+    if replace:
+        current = {(n.namespace, n.name) for n in notes}
+        obsolete = [
+            note_id
+            for note_id, ns, name in models.FinalizerRelease.objects.filter(kind=kind).values_list(
+                "id", "namespace", "name"
+            )
+            if (ns, name) not in current
+        ]
+        models.FinalizerRelease.objects.filter(id__in=obsolete).delete()
+    models.FinalizerRelease.objects.bulk_create(
+        notes,
+        update_conflicts=True,
+        unique_fields=["kind", "namespace", "name"],
+        update_fields=["uid", "resource_version", "finalizers", "noted"],
+    )
+
+
+def unchanged(kind: str, parsed: Parsed, ignore: Sequence[str] = ()) -> bool:
+    """True if the mirror's row already holds every field ``parsed`` would write (but ``ignore``)."""
     row = _rows(kind, parsed.namespace, parsed.name).first()
     return (
         row is not None
         and not row.parse_error
-        and all(getattr(row, field) == value for field, value in parsed.values.items())
+        and all(getattr(row, field) == value for field, value in parsed.values.items() if field not in ignore)
     )

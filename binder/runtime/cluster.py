@@ -1,65 +1,57 @@
-"""The binder's side of cluster mode: fresh reads, status writes, finalizer release.
+"""The binder's side of cluster mode: status writes, their versions, finalizer release.
 
-In cluster mode the API server, not the database, is the truth about placement, so a
-pass (``binder.runtime.passes.run_pass``) does three things around the pure engine:
+In cluster mode the API server is the truth about placement; the mirror follows it
+through the sync (``binder.sync``: list, then watch), and a pass decides, as in
+standalone mode, from the worker's in-memory state brought current from the change feed
+(``binder.runtime.state``). No pass lists anything. Around the pure engine a pass does:
 
-1. **Read fresh** (SPEC §4): at the start of every pass, inside its lock, list GPU,
-   GPUClass and GPUBudget objects from the API server and bring the mirror's rows in
-   line, so units the last pass booked are never booked twice even if the sync's
-   watch is behind. Objects being deleted count as gone: their units are released.
-2. **Write status** of each changed device through the ``status`` subresource, with
-   the resourceVersion the pass read as a precondition. A 409 (someone changed the
-   object) or any other failure leaves that device as it is in the cluster; only the
-   writes that succeeded reach the mirror, the decision log and the usage records.
-   The next pass reads the half-written set fresh and restores it (SPEC §4 step 1).
-   Class and budget status go the same way.
-3. **Release finalizers** (SPEC §6) once the pass that released a deleted device's
-   units has committed its usage records: of deleted GPUs, and of deleted GPUClasses
-   (whose devices the same pass released). This runs with ``GPUPLANE_ENABLED=false``
-   too, so turning GPUs off never hangs a namespace or class deletion.
+1. **Write status** of each changed device through the ``status`` subresource, with the
+   resourceVersion of the row the pass decided from as the precondition. The row is
+   locked for the rest of the pass (``FOR UPDATE SKIP LOCKED``) and must still be the
+   record the pass decided from; a row the sync is writing right now, or has changed
+   since the pass's catch-up, is left for the next pass, which sees the change in the
+   feed. Each write that lands returns the object as stored; that object (its new
+   resourceVersion with it) is mirrored **in the pass's transaction**, with the status
+   the pass wrote. So the row is never older than the binder's own last write, whether
+   the watch brings that write late, out of order or never (the sync ignores events
+   older than the row, ``binder.mirror.write``): the next pass sees its own bookings and
+   cannot book the same units twice. A **409** (someone else changed the object) makes
+   the pass GET that one object and mirror it, so the next pass decides from the object
+   as it is; any other failure leaves the object as it was. Only the writes that landed
+   reach the mirror, the decision log and the usage records; the next pass restores a
+   half-written set (SPEC §4 step 1). Class and budget status go the same way, compared
+   with what their rows hold.
+2. **Release finalizers** (SPEC §6) once the full pass that released a deleted object's
+   units has committed its usage records. The sync notes each GPU and GPUClass it sees
+   being deleted with gpuplane's finalizer (``FinalizerRelease``) in the transaction that
+   drops its row; a full pass reads the notes before its catch-up (:func:`releases_due`),
+   so every note it reads belongs to a row deletion its catch-up applies, and removes the
+   finalizers after its commit. This runs with ``GPUPLANE_ENABLED=false`` too, so turning
+   GPUs off never hangs a namespace or class deletion.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from binder import apiserver
+from django.db import transaction
+from kubernetes.client import ApiException
+
+from binder import apiserver, models
 from binder.engine import PassResult
 from binder.engine import types as e
 from binder.errors import describe, is_transient
 from binder.kube import client as kube_client
-from binder.mirror.write import mirror_list, object_key
+from binder.mirror.read import KINDS
+from binder.mirror.write import forget_object, mirror_objects
+from binder.runtime.state import ClusterState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FreshRead:
-    """What a pass read from the API server: versions to write against, objects to release."""
-
-    #: (kind, namespace, name) -> the resourceVersion and the status the pass read.
-    versions: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    statuses: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    deleting: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-
-def read_fresh() -> FreshRead:
-    """List GPUs, classes and budgets from the API server and mirror them (in the pass's transaction)."""
-    api = apiserver.api()
-    fresh = FreshRead()
-    for kind in ("GPUClass", "GPUBudget", "GPU"):
-        listing = api.list(kind)
-        mirror_list(kind, listing.items, queue=False)
-        for obj in listing.items:
-            key = (kind, *object_key(kind, obj))
-            fresh.versions[key] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-            fresh.statuses[key] = dict(obj.get("status") or {})
-            if kind in ("GPU", "GPUClass") and kube_client.is_deleting(obj):
-                fresh.deleting.append((kind, obj))
-    return fresh
+_CHUNK = 1000
 
 
 def device_status(device: e.Device) -> dict[str, Any]:
@@ -74,73 +66,229 @@ def device_status(device: e.Device) -> dict[str, Any]:
     }
 
 
-def write_status(result: PassResult, fresh: FreshRead) -> tuple[PassResult, int]:
+def _conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
+@dataclass
+class _Writes:
+    """What a pass's status writes returned: objects to mirror, objects to GET again."""
+
+    stored: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    refetch: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    failed: int = 0
+
+    def patch(self, kind: str, namespace: str, name: str, status: Mapping[str, Any], version: str) -> bool:
+        """One status write; True if it landed (a 409 queues a GET of the object)."""
+        if not version:
+            # A row without a version (written before versions were kept) has no
+            # precondition to write against: read the object, write next pass.
+            self.failed += 1
+            self.refetch.append((namespace, name))
+            return False
+        try:
+            stored = apiserver.api().patch_status(kind, namespace, name, status, version)
+        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
+            self.failed += 1
+            if _conflict(exc):
+                self.refetch.append((namespace, name))
+            level = logging.INFO if is_transient(exc) else logging.ERROR
+            log.log(level, "status of %s %s/%s left for the next pass: %s", kind, namespace, name, describe(exc))
+            return False
+        self.stored.append(stored)
+        if kube_client.is_deleting(stored):
+            # Being deleted: mirroring it drops the row (its units are released by the
+            # next pass), so the pass must not count it as written.
+            self.failed += 1
+            return False
+        return True
+
+    def mirror(self, kind: str) -> None:
+        """Mirror what the writes returned, then the single GET of each conflicting object."""
+        mirror_objects(kind, self.stored, queue=False)
+        api = apiserver.api()
+        for namespace, name in self.refetch:
+            try:
+                current = api.get(kind, namespace, name)
+            except Exception as exc:  # noqa: BLE001 - the next pass writes against the row it has
+                log.info("%s %s/%s not read again after a conflict: %s", kind, namespace, name, describe(exc))
+                continue
+            if current is None:
+                forget_object(kind, namespace, name)
+            else:
+                mirror_objects(kind, [current], queue=False)
+
+
+def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, int]:
     """Write each changed device's status; return the result narrowed to what was written.
 
-    Devices the API server refused (409, 5xx, gone) drop out of ``devices``,
-    ``changes`` and ``answered``: the mirror, the decision log and the usage records
-    then describe the cluster as it is, and the next pass starts from there.
+    Devices left out (refused, conflicting, changed since the pass read them) drop out
+    of ``devices``, ``changes`` and ``answered``, and classes and budgets whose status did
+    not land out of ``class_status`` and ``budget_used``: the mirror, the decision log and
+    the usage records then describe the cluster as it is, and the next pass starts from
+    there. Runs inside the pass's transaction.
     """
-    api = apiserver.api()
+    writes = _Writes()
+    decided = state.records["GPU"]
+    object_ids = [state.device_ids[d.key] for d in result.devices if d.key in state.device_ids]
+    current = _locked_devices(object_ids, state)
     written: list[e.Device] = []
-    failed = 0
     for device in result.devices:
-        version = fresh.versions.get(("GPU", *device.key))
-        if version is None:
-            continue  # not in the cluster any more
-        try:
-            api.patch_status("GPU", device.namespace, device.name, device_status(device), version)
-        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
-            failed += 1
-            level = logging.INFO if is_transient(exc) else logging.ERROR
-            log.log(level, "status of GPU %s/%s left for the next pass: %s", device.namespace, device.name,
-                    describe(exc))  # fmt: skip
+        object_id = state.device_ids.get(device.key)
+        if object_id is None:
+            continue  # not in the mirror any more
+        row = current.get(object_id)
+        if row is None or row[1] != decided.get(object_id):
+            # Being written by the sync right now, or changed since the catch-up: the
+            # next pass decides from the newer row (its feed entry is there).
+            writes.failed += 1
             continue
-        written.append(device)
+        if writes.patch("GPU", device.namespace, device.name, device_status(device), row[0]):
+            written.append(device)
+    writes.mirror("GPU")
     keys = {d.key for d in written}
+    classes, budgets, failed = _write_class_and_budget_status(result)
     narrowed = dataclasses.replace(
         result,
         devices=tuple(written),
         changes=tuple(c for c in result.changes if (c.namespace, c.name) in keys),
         answered=tuple(k for k in result.answered if k in keys),
+        class_status=classes,
+        budget_used=budgets,
     )
-    failed += _write_class_and_budget_status(api, result, fresh)
-    return narrowed, failed
+    return narrowed, writes.failed + failed
 
 
-def _write_class_and_budget_status(api: kube_client.KubeApi, result: PassResult, fresh: FreshRead) -> int:
-    failed = 0
-    wanted: list[tuple[str, str, str, dict[str, Any]]] = [
-        ("GPUClass", "", name, {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost})
-        for name, status in result.class_status.items()
-    ]
-    wanted += [("GPUBudget", ns, name, {"used": dict(used)}) for (ns, name), used in result.budget_used.items()]
-    for kind, ns, name, body in wanted:
-        version = fresh.versions.get((kind, ns, name))
-        current = fresh.statuses.get((kind, ns, name), {})
-        if version is None or all(current.get(k) == v for k, v in body.items()):
-            continue  # gone, or unchanged: no write, no event, no pass it would trigger
-        try:
-            api.patch_status(kind, ns, name, body, version)
-        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
-            failed += 1
-            log.info("status of %s %s left for the next pass: %s", kind, name, describe(exc))
-    return failed
+def _locked_devices(object_ids: Sequence[int], state: ClusterState) -> dict[int, tuple[str, e.Device]]:
+    """Lock the rows the pass will write (skipping rows another transaction holds) and
+    return each one's resourceVersion and its engine record as it stands now."""
+    model, convert, fields = KINDS["GPU"]
+    found: dict[int, tuple[str, e.Device]] = {}
+    ordered = sorted(object_ids)
+    for start in range(0, len(ordered), _CHUNK):
+        rows = (
+            model.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(id__in=ordered[start : start + _CHUNK])
+            .order_by("id")
+            .values_list("id", "resource_version", "name", "namespace_id", *fields)
+        )
+        for object_id, version, name, namespace_id, *values in rows:
+            found[object_id] = (version, convert(state.namespaces.get(namespace_id, ""), name, *values))
+    return found
 
 
-def release_finalizers(fresh: FreshRead) -> int:
-    """Remove gpuplane's finalizer from the deleted GPUs and classes this pass released."""
+def _write_class_and_budget_status(
+    result: PassResult,
+) -> tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Mapping[str, int]], int]:
+    """Write the status of classes and budgets whose rows hold another; return the
+    statuses the mirror may record (written or already there) and the failures."""
+    class_writes, budget_writes = _Writes(), _Writes()
+    classes: dict[str, e.ClassStatus] = {}
+    rows = (
+        models.GpuClass.objects.select_for_update(skip_locked=True)
+        .filter(name__in=list(result.class_status))
+        .values_list("name", "resource_version", "status_allocatable", "status_bound", "status_lost")
+    )
+    current = {name: (version, (a, b, lost)) for name, version, a, b, lost in rows}
+    for name, status in result.class_status.items():
+        row = current.get(name)
+        if row is None:
+            continue  # gone, or being written by the sync: the next pass computes it again
+        if row[1] == (status.allocatable, status.bound, status.lost):
+            classes[name] = status  # unchanged: no write, no event, no pass it would trigger
+            continue
+        body = {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost}
+        if class_writes.patch("GPUClass", "", name, body, row[0]):
+            classes[name] = status
+    budgets: dict[tuple[str, str], Mapping[str, int]] = {}
+    if result.budget_used:
+        wanted = result.budget_used
+        budget_rows = (
+            models.GpuBudget.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(name__in={name for _, name in wanted}, namespace__name__in={ns for ns, _ in wanted})
+            .values_list("namespace__name", "name", "resource_version", "used")
+        )
+        held = {(ns, name): (version, used) for ns, name, version, used in budget_rows}
+        for key, used in wanted.items():
+            budget = held.get(key)
+            if budget is None:
+                continue
+            if budget[1] == dict(used):
+                budgets[key] = used
+                continue
+            if budget_writes.patch("GPUBudget", key[0], key[1], {"used": dict(used)}, budget[0]):
+                budgets[key] = used
+    class_writes.mirror("GPUClass")
+    budget_writes.mirror("GPUBudget")
+    return classes, budgets, class_writes.failed + budget_writes.failed
+
+
+# -- finalizers (SPEC §6) ---------------------------------------------------------------------
+
+
+def releases_due() -> list[models.FinalizerRelease]:
+    """The deleting objects that wait on gpuplane's finalizer, as the sync noted them.
+
+    Read inside the pass's transaction *before* its catch-up: a note is committed with
+    the deletion of its object's row, so every note read here belongs to a deletion the
+    catch-up that follows applies, and the pass releases (and closes the records of)
+    what it removes the finalizer of.
+    """
+    return list(models.FinalizerRelease.objects.order_by("kind", "namespace", "name"))
+
+
+def release_finalizers(notes: Sequence[models.FinalizerRelease]) -> int:
+    """Remove gpuplane's finalizer from the noted objects (after the pass's commit).
+
+    Written against the noted version; on a 409 (another finalizer went, a label
+    changed) the object is read once and, if it is still that object (same uid), still
+    being deleted and still ours to release, written against its current version. A
+    note is dropped once its finalizer is gone or its object is; a failure keeps it for
+    the next full pass.
+    """
     api = apiserver.api()
     released = 0
-    for kind, obj in fresh.deleting:
-        ns, name = object_key(kind, obj)
-        meta = obj.get("metadata") or {}
-        if kube_client.FINALIZER not in (meta.get("finalizers") or []):
-            continue
+    for note in notes:
+        finalizers = [f for f in note.finalizers if f != kube_client.FINALIZER]
         try:
-            api.set_finalizers(kind, ns, name, kube_client.without_finalizer(obj), str(meta.get("resourceVersion")))
+            try:
+                api.set_finalizers(note.kind, note.namespace, note.name, finalizers, note.resource_version)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                current = api.get(note.kind, note.namespace, note.name)
+                if current is None or not _still_ours(note, current):
+                    _forget(note)
+                    continue
+                api.set_finalizers(
+                    note.kind,
+                    note.namespace,
+                    note.name,
+                    kube_client.without_finalizer(current),
+                    str(current["metadata"].get("resourceVersion") or ""),
+                )
         except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
-            log.info("finalizer of %s %s left for the next pass: %s", kind, name, describe(exc))
+            if isinstance(exc, ApiException) and exc.status == 404:
+                _forget(note)  # gone already
+                continue
+            log.info("finalizer of %s %s/%s left for the next pass: %s", note.kind, note.namespace, note.name,
+                     describe(exc))  # fmt: skip
             continue
+        _forget(note)
         released += 1
     return released
+
+
+def _still_ours(note: models.FinalizerRelease, current: Mapping[str, Any]) -> bool:
+    meta = current.get("metadata") or {}
+    return (
+        (not note.uid or meta.get("uid") == note.uid)
+        and kube_client.is_deleting(current)
+        and kube_client.FINALIZER in (meta.get("finalizers") or [])
+    )
+
+
+def _forget(note: models.FinalizerRelease) -> None:
+    """Drop a note, unless the sync noted a newer version of the object meanwhile."""
+    with transaction.atomic():
+        models.FinalizerRelease.objects.filter(pk=note.pk, resource_version=note.resource_version).delete()

@@ -1,11 +1,15 @@
-"""Run a binder pass against the database: read fresh, decide, write what changed.
+"""Run a binder pass against the database: catch up, decide, write what changed.
 
-A pass is one transaction under the cluster-wide pass lock (``binder.runtime.locking``): it
-reads every device inside the transaction, after taking the lock, so units booked by
-the previous pass are always seen; it writes only the devices whose fields changed
-(never ``bind_request``, which belongs to the webhook), one decision row per
-placement change, and the class and budget status. If anything fails the whole pass
-rolls back and the next one starts from the same state.
+A pass is one transaction under the cluster-wide pass lock (``binder.runtime.locking``):
+inside it, after taking the lock, the worker's in-memory state is brought current from
+the change feed (``binder.runtime.state``; everything is read again when that cannot be
+proven), so units booked by the previous pass, whichever worker ran it, are always
+seen. The engine visits only the sets that can change; the pass writes only the devices
+whose fields changed (never ``bind_request``, which belongs to the webhook), one
+decision row per placement change, the class and budget status that changed, and the
+usage records of the subjects that changed. In cluster mode the status goes to the API
+server first (``binder.runtime.cluster``). If anything fails the whole pass rolls back,
+the state is dropped, and the next pass reads everything again.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from psycopg.types.json import Jsonb
 from binder import apiserver, models
 from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from binder.engine import types as e
-from binder.mirror.read import engine_settings, read_cluster
+from binder.mirror.read import engine_settings
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.locking import pass_lock
@@ -73,62 +77,57 @@ def run_pass(
 
 def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassRun:
     clock = time.perf_counter()
-    fresh = None
     with transaction.atomic(), pass_lock(), _no_cyclic_gc():
         now = timezone.now()
         run = models.PassRun(kind=kind, started=now, worker=state.worker, triggered_by=triggered_by[:160])
         options = engine_settings()
-        catch: Catchup | None = None
         ledger_used = False
-        if apiserver.cluster_mode():
-            # SPEC §4: devices from the API server, not a cache; the mirror read in full.
-            fresh = cluster.read_fresh()
-            snapshot, ids = read_cluster(now)
-            run.view, run.rows_read = "full-read", _rows(snapshot)
-            result = ENGINES[kind](snapshot)
-        else:
-            catch = state.catch_up(kind)
-            run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
-            run.dirty_sets = len(catch.dirty_sets)
-            # What the pass saw: the whole state for a full pass (the usage step reads its
-            # classes and pods), only the requested sets for an answer pass (SPEC §4).
+        # Cluster mode, before the catch-up: a note is committed with its row's deletion
+        # (binder.runtime.cluster), so the catch-up applies every deletion noted here.
+        releasing = cluster.releases_due() if apiserver.cluster_mode() and kind == models.PassKind.FULL else []
+        # Cluster mode too: the sync keeps the mirror current and the feed brings this
+        # state current; the pass's own writes are mirrored by write_status (SPEC §4).
+        catch = state.catch_up(kind)
+        run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
+        run.dirty_sets = len(catch.dirty_sets)
+        # What the pass saw: the whole state for a full pass (the usage step reads its
+        # classes and pods), only the requested sets for an answer pass (SPEC §4).
+        snapshot, ids = _view(kind, state, now, options), state.device_ids
+        result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
+        if unchanged:
+            run.view = "unchanged"
+        if catch.view != "rebuilt" and _verification_due(state):
+            result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
             snapshot, ids = _view(kind, state, now, options), state.device_ids
-            result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
-            if unchanged:
-                run.view = "unchanged"
-            if catch.view != "rebuilt" and _verification_due(state):
-                result, ledger_used, run.verify_mismatches = _verify(kind, state, now, options, result)
-                snapshot, ids = _view(kind, state, now, options), state.device_ids
-                run.feed_position = state.position
-                # A mismatch means the feed's list of changed subjects cannot be trusted either.
-                catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
+            run.feed_position = state.position
+            # A mismatch means the feed's list of changed subjects cannot be trusted either.
+            catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
         run.devices_seen = len(snapshot.devices)
         run.save()
         if not snapshot.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
-        if fresh is not None:
-            result, run.writes_failed = cluster.write_status(result, fresh)
-        own_writes = _write_own(run, result, ids, state if catch is not None else None)
+        if apiserver.cluster_mode():
+            result, run.writes_failed = cluster.write_status(result, state)
+        own_writes = _write_own(run, result, ids, state)
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
-            subjects = state.usage_subjects(catch, result) if catch is not None else None
-            written = record_usage(run.pk, now, snapshot, result.devices, subjects)
+            written = record_usage(run.pk, now, snapshot, result.devices, state.usage_subjects(catch, result))
             run.records_opened, run.records_closed = written.opened, written.closed
-            if catch is not None:
-                state.prune()
+            state.prune()
         run.finished = timezone.now()
         run.duration_ms = (time.perf_counter() - clock) * 1000
         run.save()
         if result.answered:
             notify_answers(run.pk)
-    if catch is not None:
-        state.passed(run, kind, now, options, result, ledger_used, own_writes)
-    if fresh is not None and kind == models.PassKind.FULL and fresh.deleting:
+    state.passed(run, kind, now, options, result, ledger_used, own_writes)
+    if run.writes_failed:
+        state.refused_writes()
+    if releasing:
         # After commit: the released devices' usage records are closed for good.
-        run.finalizers_released = cluster.release_finalizers(fresh)
+        run.finalizers_released = cluster.release_finalizers(releasing)
         run.save(update_fields=["finalizers_released"])
     log.info(
         "%s pass %s (%s view, %d rows read, %d dirty sets): %d devices, %d written, bound=%d moved=%d lost=%d"
@@ -153,13 +152,10 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
 
 
 def _write_own(
-    run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int], state: ClusterState | None
-) -> OwnWrites | None:
-    """``write_result``, noting which feed entries the writes made when a worker's state
-    will hold them (``state``; see :class:`~binder.runtime.state.OwnWrites`)."""
-    if state is None:
-        write_result(run, result, ids)
-        return None
+    run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int], state: ClusterState
+) -> OwnWrites:
+    """``write_result``, noting which feed entries the writes made: the worker's state
+    holds them after the pass (see :class:`~binder.runtime.state.OwnWrites`)."""
     _, after = own_feed_position()
     write_result(run, result, ids, state.status_written)
     xid, upto = own_feed_position()

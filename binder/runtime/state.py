@@ -643,6 +643,19 @@ class ClusterState:
             self.pending.changed["GPU"] |= {d.key for d in result.devices}
             self.pending.dirty_sets |= {d.set_key for d in result.devices}
 
+    # -- cluster mode: status writes the API server refused -----------------------------------
+
+    def refused_writes(self) -> None:
+        """Some of the pass's status writes did not land (``binder.runtime.cluster``).
+
+        The engine moved the ledger in place for every decision, landed or not, and the
+        "nothing changed since a pass that changed nothing" rule would take the narrowed
+        result for a quiet pass; both are dropped, so the next pass builds the ledger
+        from the records again and runs the engine, retrying what did not land.
+        """
+        self._ledger = None
+        self.last_full = None
+
     def adopt(self, other: ClusterState) -> None:
         """Continue from ``other`` (a verification's rebuilt state), keeping this worker's name."""
         for name in (

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('binder', '0009_passrun_triggered_by'),
+        ('binder', '0010_mirror_resource_versions'),
     ]
 
     operations = [

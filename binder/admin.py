@@ -24,8 +24,8 @@ from binder import apiserver, models
 from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
-from binder.reports.formatting import age, duration_ms, duration_s, iso
 from binder.reports.explanations import explanation_html, explanations_now
+from binder.reports.formatting import age, duration_ms, duration_s, iso
 
 
 @admin.action(description="Run a full pass now")

@@ -106,7 +106,7 @@ def fast_passwords(settings: Any) -> None:
 @pytest.fixture
 def placed(tmp_path: Path) -> models.PassRun:
     """The staff cluster (tests/staff_cluster.py), placed by one full pass.
-    (tests/test_staff_audit.py defines a ``placed`` of its own, with more on top.)"""
+    (tests/test_staff_audit.py and tests/test_staff_time.py define a ``placed`` of their own.)"""
     return load_staff_cluster(tmp_path)
 
 

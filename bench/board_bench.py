@@ -38,15 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 H100, A10 = "nvidia.com/GH100_H100_SXM5_80GB", "nvidia.com/GA102GL_A10"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 
 
 def setup_django(database_url: str, var_dir: Path) -> None:
@@ -277,7 +268,8 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
     import multiprocessing
 
     from django.db import connections
-    from playwright.sync_api import sync_playwright
+
+    from tests.browsing import launch_chromium  # the browser tests' Chromium and its arguments
 
     connections.close_all()
     context_mp = multiprocessing.get_context("fork")
@@ -286,8 +278,7 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
     child.start()
     url = f"http://127.0.0.1:{port.get(timeout=60)}/admin/placement-board/"
     out: dict[str, Any] = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    with launch_chromium() as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         context.add_cookies([{"name": "sessionid", "value": session, "url": url}])
         page = context.new_page()
@@ -320,7 +311,6 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
             out[f"browser_{mode}_painted_median_s"] = statistics.median(painted)
             out[f"browser_{mode}_painted_max_s"] = max(painted)
         out["rows"] = figures["rows"]
-        browser.close()
     child.terminate()
     child.join()
     return out

@@ -1,19 +1,28 @@
 """Helpers for the browser tests of the staff console (not a test module): Debian's
-Chromium driven by Playwright, the ORM from another thread, logging in, artifacts."""
+Chromium driven by Playwright (never a browser Playwright would download), the ORM from
+another thread, the demo cluster and its staff user, logging in, artifacts, axe-core.
+The ``browser`` fixture built on :func:`launch_chromium` is in tests/conftest.py;
+bench/board_bench.py launches Chromium with the same arguments."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from django.urls import reverse
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from binder.mirror.snapshot import load_file
+from binder.runtime.passes import run_pass
+from gpuplane.management.commands.demo import DEMO_FILE
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -30,7 +39,27 @@ AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
+@contextmanager
+def launch_chromium() -> Iterator[Browser]:
+    """Debian's Chromium, closed on leaving: a test's browser must stop before its test
+    database is flushed, for the same reason as :func:`orm`."""
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def new_page(browser: Browser, **options: Any) -> Page:
+    """A page in a fresh context (1280 × 900 unless ``viewport`` says otherwise); a
+    locator waits up to 15 s, as a page of the console on a busy CI machine may take."""
+    context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
+    context.set_default_timeout(15_000)
+    return context.new_page()
+
+
 def artifacts_dir() -> Path:
+    """``GPUPLANE_ARTIFACTS`` (else ``var/artifacts``)/browser-<database vendor>."""
     base = Path(os.environ.get("GPUPLANE_ARTIFACTS") or settings.VAR_DIR / "artifacts")
     path = base / f"browser-{connection.vendor}"
     path.mkdir(parents=True, exist_ok=True)
@@ -38,8 +67,9 @@ def artifacts_dir() -> Path:
 
 
 def orm[T](work: Callable[[], T]) -> T:
-    """Run ORM work on another thread: Django refuses database calls from the thread that
-    runs Playwright's event loop."""
+    """Run ORM work on another thread: Playwright's sync API keeps an event loop on this
+    one while the browser is open, and Django refuses database calls from a thread with a
+    running loop. (Fixtures that write the database run before the browser starts.)"""
 
     def run() -> T:
         try:
@@ -49,6 +79,19 @@ def orm[T](work: Callable[[], T]) -> T:
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(run).result()
+
+
+def add_staff() -> None:
+    """The superuser ``staff`` (:data:`PASSWORD`) that :func:`login` logs in as."""
+    get_user_model().objects.create_user("staff", password=PASSWORD, is_staff=True, is_superuser=True)
+
+
+def load_demo() -> None:
+    """The demo cluster, placed as ``make demo`` places it (two full passes), and staff."""
+    load_file(DEMO_FILE, replace=True)
+    run_pass()
+    run_pass()
+    add_staff()
 
 
 def login(page: Page, live_server: Any, next_url: str) -> None:

@@ -6,8 +6,8 @@ in CI) any skipped test fails the session, so a run that silently fell back is r
 
 Test modules share objects through these fixtures and through the helper modules next
 to them (tests/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
-manifests.py, engine_invariants.py, accounts.py, clock.py), never by importing another
-test module.
+manifests.py, engine_invariants.py, accounts.py, clock.py, staff_cluster.py, browsing.py),
+never by importing another test module.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import redis
 from django.conf import settings as django_settings
 from hypothesis import settings as hypothesis_settings
 from kubernetes import client
+from playwright.sync_api import Browser, Page
 
 from binder import apiserver as kube_connection
 from binder import models
@@ -31,9 +32,11 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
 from tests import workers
+from tests.browsing import launch_chromium, load_demo, new_page
 from tests.clock import Clock
 from tests.factories import two_tenants
 from tests.kube_emulator import RunningApiServer
+from tests.staff_cluster import load_staff_cluster
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -88,6 +91,44 @@ def cluster(clock: Clock) -> Clock:
     run_pass("full")
     clock.advance(hours=1)
     return clock
+
+
+# -- the staff console ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fast_passwords(settings: Any) -> None:
+    """For the modules that log staff in (``pytest.mark.usefixtures``): logins are not what
+    they test, and the default hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def placed(tmp_path: Path) -> models.PassRun:
+    """The staff cluster (tests/staff_cluster.py), placed by one full pass.
+    (tests/test_staff_audit.py and tests/test_staff_time.py define a ``placed`` of their own.)"""
+    return load_staff_cluster(tmp_path)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, per test (about a second; tests/browsing.py)."""
+    with launch_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def page(live_server: Any, browser: Browser) -> Page:
+    """A 1280 × 900 page (tests/browsing.py's new_page) with the live server running; it
+    closes with the browser."""
+    return new_page(browser)
+
+
+@pytest.fixture
+def demo() -> None:
+    """The demo cluster, placed as ``make demo`` places it, and the ``staff`` superuser.
+    (tests/test_staff_explain.py defines a ``demo`` of its own, without the user.)"""
+    load_demo()
 
 
 # -- cluster mode: the API server emulator -------------------------------------------------------

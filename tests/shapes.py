@@ -223,3 +223,10 @@ def namespace_obj(name: str, labels: dict[str, str] | None = None) -> dict[str, 
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     }
+
+
+def write_snapshot(path: Path, objects: list[Any]) -> Path:
+    """``objects`` as a multi-document YAML file at ``path``, in their order, for
+    ``load_file`` or ``manage.py load_snapshot`` to read as a snapshot of the cluster."""
+    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    return path

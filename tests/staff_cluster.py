@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from binder import models
 from binder.mirror.snapshot import load_file
 from binder.runtime.passes import run_pass
@@ -24,6 +22,7 @@ from tests.shapes import (
     node_obj,
     plain_pod_obj,
     vmi_obj,
+    write_snapshot,
 )
 
 SEG_TRAIN_LAUNCHER = "virt-launcher-seg-train-x1y2z"
@@ -63,9 +62,7 @@ def staff_objects() -> list[dict[str, Any]]:
 
 def load_staff_cluster(tmp_path: Path) -> models.PassRun:
     """Load :func:`staff_objects` and place them with one full pass."""
-    path = tmp_path / "staff-cluster.yaml"
-    path.write_text(yaml.safe_dump_all(staff_objects(), sort_keys=False))
-    load_file(path)
+    load_file(write_snapshot(tmp_path / "staff-cluster.yaml", staff_objects()))
     run = run_pass()
     placed = dict(models.GpuDevice.objects.values_list("name", "node"))
     assert placed["seg-train-gpu0"] == "n2" and placed["rag-serve-gpu0"] == placed["infer-gpu0"] == "n1", placed

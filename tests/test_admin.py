@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -28,9 +27,10 @@ from tests.shapes import (
     node_obj,
     plain_pod_obj,
     vmi_obj,
+    write_snapshot,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 CHANGELISTS = (
     "namespace",
@@ -45,12 +45,6 @@ CHANGELISTS = (
     "lostset",
 )
 LOST_SETS = "admin:binder_lostset_changelist"
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    """Logins are not what these tests are about; the default hasher is slow on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -79,9 +73,7 @@ def cluster(tmp_path: Path) -> dict[str, Any]:
         launcher_obj(vmi_ok, A10, 1, "n1", uid=uid_ok, name="virt-launcher-vm-ok-m3n4p"),
         plain_pod_obj("team-b", "trainer-0", A10, 1, "n1"),
     ]
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
-    load_file(path)
+    load_file(write_snapshot(tmp_path / "cluster.yaml", objects))
     run = run_pass()
     assert (run.lost, run.bound) == (1, 1), run.__dict__
     return {"run": run}

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -36,16 +35,12 @@ from tests.shapes import (
     node_obj,
     plain_pod_obj,
     vmi_obj,
+    write_snapshot,
 )
 
 pytestmark = pytest.mark.django_db
 
 DEMO_FILE = Path(django_settings.BASE_DIR) / "deploy" / "demo" / "cluster.yaml"
-
-
-def write(path: Path, objects: list[Any]) -> Path:
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
-    return path
 
 
 def load(path: Path, *args: str) -> str:
@@ -96,7 +91,7 @@ def small_cluster() -> list[dict[str, Any]]:
 
 
 def test_dump_state_json_is_the_spec_shape(tmp_path: Path) -> None:
-    load(write(tmp_path / "cluster.yaml", small_cluster()))
+    load(write_snapshot(tmp_path / "cluster.yaml", small_cluster()))
     run = run_pass()
     assert (run.bound, run.refused) == (2, 0)
 
@@ -147,7 +142,7 @@ def test_dump_state_sorts_by_namespace_then_name_and_shows_pending(tmp_path: Pat
         gpu_obj("t1", "a", "missing-class", "vm2"),
         namespace_obj("t0"),
     ]
-    load(write(tmp_path / "c.yaml", objects))
+    load(write_snapshot(tmp_path / "c.yaml", objects))
     state = dump()  # before any pass: nothing placed, reasons empty
     assert [(d["namespace"], d["name"]) for d in state["devices"]] == [("t1", "a"), ("t1", "b"), ("t2", "a")]
     assert all(d["phase"] == "Pending" and d["node"] == "" for d in state["devices"])
@@ -196,10 +191,10 @@ def contested_cluster() -> list[dict[str, Any]]:
 
 def test_same_snapshot_gives_the_same_state(tmp_path: Path) -> None:
     objects = contested_cluster()
-    path = write(tmp_path / "cluster.yaml", objects)
+    path = write_snapshot(tmp_path / "cluster.yaml", objects)
     shuffled = list(objects)
     random.Random(7).shuffle(shuffled)
-    shuffled_path = write(tmp_path / "shuffled.yaml", shuffled)
+    shuffled_path = write_snapshot(tmp_path / "shuffled.yaml", shuffled)
 
     dumps = []
     for snapshot in (path, path, shuffled_path):
@@ -234,7 +229,7 @@ def scenario() -> list[dict[str, Any]]:
 
 def test_first_pass_counts_and_decisions(tmp_path: Path, settings: Any) -> None:
     settings.GPUPLANE_NODE_GRACE_SECONDS = 300
-    load(write(tmp_path / "s.yaml", scenario()))
+    load(write_snapshot(tmp_path / "s.yaml", scenario()))
     text = command("run_pass")
     run = models.PassRun.objects.get()
     assert run.kind == models.PassKind.FULL
@@ -281,7 +276,7 @@ def test_first_pass_counts_and_decisions(tmp_path: Path, settings: Any) -> None:
 
 
 def test_second_pass_writes_nothing(tmp_path: Path) -> None:
-    load(write(tmp_path / "s.yaml", scenario()))
+    load(write_snapshot(tmp_path / "s.yaml", scenario()))
     run_pass()
     before = list(models.GpuDevice.objects.order_by("pk").values())
     decisions = models.Decision.objects.count()
@@ -298,7 +293,7 @@ def test_second_pass_writes_nothing(tmp_path: Path) -> None:
 def test_set_goes_lost_when_no_node_has_room(tmp_path: Path) -> None:
     objects = scenario()
     objects[1]["status"]["allocatable"][A10] = "1"  # n-good can take b0 but not the 2-GPU set
-    load(write(tmp_path / "s.yaml", objects))
+    load(write_snapshot(tmp_path / "s.yaml", objects))
     run = run_pass()
     assert (run.moved, run.lost) == (0, 1)
     for name in ("m0", "m1"):
@@ -328,7 +323,7 @@ def test_answer_only_answers_and_moves_nothing(tmp_path: Path) -> None:
         gpu_obj("t2", "r1", "a10", "vm-req", bind_request="req-1"),
         gpu_obj("t3", "p0", "a10", "vm-unasked"),  # an order nobody asked about yet
     ]
-    load(write(tmp_path / "a.yaml", objects))
+    load(write_snapshot(tmp_path / "a.yaml", objects))
 
     text = command("run_pass", "--answer-only")
     run = models.PassRun.objects.get()
@@ -367,7 +362,7 @@ def test_answer_only_refusal_says_why(tmp_path: Path) -> None:
         gpu_obj("t1", "r0", "a10", "vm", bind_request="req-9"),
         gpu_obj("t1", "r1", "a10", "vm", bind_request="req-9"),
     ]
-    load(write(tmp_path / "a.yaml", objects))
+    load(write_snapshot(tmp_path / "a.yaml", objects))
     run_pass(models.PassKind.ANSWER)
     refused = device("t1", "r0")
     assert refused.phase == "Pending"
@@ -381,7 +376,7 @@ def test_answer_only_refusal_says_why(tmp_path: Path) -> None:
 
 def test_disabled_pass_places_nothing_and_says_why(tmp_path: Path, settings: Any) -> None:
     settings.GPUPLANE_ENABLED = False
-    load(write(tmp_path / "s.yaml", scenario()))
+    load(write_snapshot(tmp_path / "s.yaml", scenario()))
     before = list(models.GpuDevice.objects.order_by("pk").values())
     text = command("run_pass")
     run = models.PassRun.objects.get()
@@ -412,7 +407,7 @@ def demo_like_file(tmp_path: Path) -> Path:
         gpu_obj("team-a", "a0", "a10", "vdi"),
         budget_obj("team-a", {"h100": 8}),
     ]
-    return write(tmp_path / "demo.yaml", objects)
+    return write_snapshot(tmp_path / "demo.yaml", objects)
 
 
 def test_demo_loads_places_and_creates_a_staff_login(tmp_path: Path, settings: Any) -> None:
@@ -450,7 +445,7 @@ def test_demo_loads_places_and_creates_a_staff_login(tmp_path: Path, settings: A
 def test_demo_with_a_bad_file_fails_cleanly(tmp_path: Path) -> None:
     from django.core.management import CommandError
 
-    bad = write(tmp_path / "bad.yaml", [class_obj("zero", A10, units=0)])
+    bad = write_snapshot(tmp_path / "bad.yaml", [class_obj("zero", A10, units=0)])
     with pytest.raises(CommandError, match="GPUClass zero: spec.unitsPerDevice"):
         command("demo", "--file", str(bad))
     assert not get_user_model().objects.filter(username="admin").exists()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from django.core.management import CommandError, call_command
 
 from binder import models
@@ -34,6 +33,7 @@ from tests.shapes import (
     plain_pod_obj,
     real,
     vmi_obj,
+    write_snapshot,
 )
 
 pytestmark = pytest.mark.django_db
@@ -53,11 +53,6 @@ MIRROR = (
     models.VirtualMachineInstance,
     models.Pod,
 )
-
-
-def write(path: Path, objects: list[Any]) -> Path:
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
-    return path
 
 
 def counts() -> dict[str, int]:
@@ -179,7 +174,7 @@ def test_pod_requests_fall_back_to_limits(tmp_path: Path) -> None:
     no_gpu["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m", "devices.kubevirt.io/kvm": "1"}}
     pending = plain_pod_obj("t1", "unbound", A10, 1, "")
     del pending["status"]
-    load_file(write(tmp_path / "pods.yaml", [limits_only, both, two_containers, with_init, no_gpu, pending]))
+    load_file(write_snapshot(tmp_path / "pods.yaml", [limits_only, both, two_containers, with_init, no_gpu, pending]))
 
     pods = {p.name: p for p in models.Pod.objects.all()}
     assert pods["limits-only"].gpu_requests == {A10: 2}
@@ -204,7 +199,7 @@ def test_node_conditions_and_vmi_host_devices(tmp_path: Path) -> None:
             condition["status"] = "Unknown"
     vmi = vmi_obj("t1", "vm1", ["g0"], {}, "")
     vmi["spec"]["domain"]["devices"]["hostDevices"] = [{"deviceName": "gpuplane.io/g1", "name": "hd0"}]
-    load_file(write(tmp_path / "c.yaml", [bare, down, unknown, vmi]))
+    load_file(write_snapshot(tmp_path / "c.yaml", [bare, down, unknown, vmi]))
 
     nodes = {n.name: n for n in models.Node.objects.all()}
     assert (nodes["bare"].ready, nodes["bare"].ready_since) == (True, None)
@@ -220,11 +215,11 @@ def test_node_conditions_and_vmi_host_devices(tmp_path: Path) -> None:
 
 def test_kind_list_loads_like_multi_document_yaml(tmp_path: Path) -> None:
     objects = small_cluster()
-    report = load_file(write(tmp_path / "multi.yaml", objects))
+    report = load_file(write_snapshot(tmp_path / "multi.yaml", objects))
     multi = rows()
 
     listing = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": objects}
-    list_report = load_file(write(tmp_path / "list.yaml", [listing]), replace=True)
+    list_report = load_file(write_snapshot(tmp_path / "list.yaml", [listing]), replace=True)
     assert rows() == multi
     assert list_report.loaded == report.loaded
 
@@ -239,7 +234,7 @@ def test_typed_lists_and_documents_mix(tmp_path: Path) -> None:
     nodes = [o for o in objects if o["kind"] == "Node"]
     rest = [o for o in objects if o["kind"] != "Node"]
     node_list = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
-    report = load_file(write(tmp_path / "mixed.yaml", [node_list, None, *rest]))
+    report = load_file(write_snapshot(tmp_path / "mixed.yaml", [node_list, None, *rest]))
     assert report.loaded["Node"] == 2
     assert models.Node.objects.count() == 2
     assert models.GpuDevice.objects.count() == 2
@@ -257,7 +252,7 @@ def test_devices_with_status_load_with_their_placement(tmp_path: Path) -> None:
     objects[2]["status"]["answeredRequest"] = "req-7"
     objects[2]["status"]["answer"] = "bound:n1"
     objects[2]["metadata"]["annotations"]["gpuplane.io/bind-request"] = "req-7"
-    load_file(write(tmp_path / "placed.yaml", objects))
+    load_file(write_snapshot(tmp_path / "placed.yaml", objects))
 
     g0 = models.GpuDevice.objects.get(namespace__name="t1", name="g0")
     assert (g0.phase, g0.node, g0.class_name, g0.vm_name) == ("Bound", "n1", "a10", "vm1")
@@ -371,7 +366,7 @@ INVALID: dict[str, tuple[Callable[[], list[Any]], tuple[str, ...]]] = {
 @pytest.fixture
 def loaded(tmp_path: Path) -> dict[str, int]:
     """A clean cluster already in the mirror, and its row counts."""
-    load_file(write(tmp_path / "base.yaml", small_cluster()))
+    load_file(write_snapshot(tmp_path / "base.yaml", small_cluster()))
     before = counts()
     assert before["GpuDevice"] == 2 and before["Pod"] == 2
     return before
@@ -383,7 +378,7 @@ def test_invalid_object_rejects_the_whole_file(case: str, tmp_path: Path, loaded
     snapshot = rows()
     # valid objects around the bad one: none of them may land
     good_before = [node_obj("n-new", {A10: 8}), gpu_obj("t9", "g-new", "a10", "vm9")]
-    path = write(tmp_path / "bad.yaml", [*good_before, *build(), class_obj("new-class", H100)])
+    path = write_snapshot(tmp_path / "bad.yaml", [*good_before, *build(), class_obj("new-class", H100)])
     with pytest.raises(SnapshotError) as info:
         load_file(path)
     message = str(info.value)
@@ -449,7 +444,7 @@ def test_names_too_long_for_kubernetes_are_rejected_on_every_database(tmp_path: 
         node_obj("n" * 254, {A10: 1}),
     ]
     with pytest.raises(SnapshotError) as info:
-        load_file(write(tmp_path / "long.yaml", objects))
+        load_file(write_snapshot(tmp_path / "long.yaml", objects))
     problems = info.value.problems
     assert len(problems) == 4, problems
     assert f"GPU {long_ns}/g0: metadata.namespace:" in problems[0] and "63" in problems[0]
@@ -464,7 +459,7 @@ def test_several_problems_are_all_reported(tmp_path: Path, loaded: dict[str, int
     for case in ("gpu-missing-class", "node-fractional", "class-zero-units", "budget-negative", "duplicate"):
         objects += INVALID[case][0]()
     with pytest.raises(SnapshotError) as info:
-        load_file(write(tmp_path / "many.yaml", objects))
+        load_file(write_snapshot(tmp_path / "many.yaml", objects))
     problems = info.value.problems
     assert len(problems) == 5, problems
     text = str(info.value)
@@ -474,7 +469,7 @@ def test_several_problems_are_all_reported(tmp_path: Path, loaded: dict[str, int
 
 
 def test_load_snapshot_command_reports_problems(tmp_path: Path, loaded: dict[str, int]) -> None:
-    path = write(tmp_path / "bad.yaml", [*_gpu_bogus_phase(), *_class_zero_units()])
+    path = write_snapshot(tmp_path / "bad.yaml", [*_gpu_bogus_phase(), *_class_zero_units()])
     with pytest.raises(CommandError) as info:
         call_command("load_snapshot", str(path), stdout=io.StringIO())
     text = str(info.value)
@@ -484,7 +479,7 @@ def test_load_snapshot_command_reports_problems(tmp_path: Path, loaded: dict[str
     assert counts() == loaded
 
     with pytest.raises(CommandError) as info:
-        call_command("load_snapshot", str(write(tmp_path / "frac.yaml", _node_fractional())), "--replace")
+        call_command("load_snapshot", str(write_snapshot(tmp_path / "frac.yaml", _node_fractional())), "--replace")
     assert f"Node n-frac: status.allocatable[{A10}]" in str(info.value)
     assert counts() == loaded  # --replace did not clear anything either
 
@@ -508,7 +503,7 @@ def test_replace_clears_the_mirror_first(tmp_path: Path, loaded: dict[str, int])
 
     other = [node_obj("n9", {H100: 8}), class_obj("h100", H100), gpu_obj("t5", "x0", "h100", "vmx")]
     out = io.StringIO()
-    call_command("load_snapshot", str(write(tmp_path / "other.yaml", other)), "--replace", stdout=out)
+    call_command("load_snapshot", str(write_snapshot(tmp_path / "other.yaml", other)), "--replace", stdout=out)
     assert "loaded 1 GPU, 1 GPUClass, 1 Node" in out.getvalue()
     assert list(models.Node.objects.values_list("name", flat=True)) == ["n9"]
     assert list(models.GpuClass.objects.values_list("name", flat=True)) == ["h100"]
@@ -523,7 +518,7 @@ def test_replace_clears_the_mirror_first(tmp_path: Path, loaded: dict[str, int])
 
 def test_loading_without_replace_upserts(tmp_path: Path) -> None:
     objects = small_cluster()
-    path = write(tmp_path / "cluster.yaml", objects)
+    path = write_snapshot(tmp_path / "cluster.yaml", objects)
     call_command("load_snapshot", str(path), stdout=io.StringIO())
     first = counts()
     first_rows = rows()
@@ -534,7 +529,7 @@ def test_loading_without_replace_upserts(tmp_path: Path) -> None:
     # a changed object is updated in place; objects missing from the file stay
     objects[1]["status"]["allocatable"][A10] = "6"
     partial = [objects[1], node_obj("n3", {A10: 1})]
-    call_command("load_snapshot", str(write(tmp_path / "partial.yaml", partial)), stdout=io.StringIO())
+    call_command("load_snapshot", str(write_snapshot(tmp_path / "partial.yaml", partial)), stdout=io.StringIO())
     assert models.Node.objects.get(name="n1").allocatable == {A10: 6}
     assert sorted(models.Node.objects.values_list("name", flat=True)) == ["n1", "n2", "n3"]
     assert models.GpuDevice.objects.count() == first["GpuDevice"]
@@ -567,7 +562,7 @@ def test_unknown_kinds_are_skipped_and_reported(tmp_path: Path) -> None:
         {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "vm1", "namespace": "t1"}},
     ]
     out = io.StringIO()
-    call_command("load_snapshot", str(write(tmp_path / "mixed.yaml", objects)), stdout=out)
+    call_command("load_snapshot", str(write_snapshot(tmp_path / "mixed.yaml", objects)), stdout=out)
     text = out.getvalue()
     assert "loaded 1 Node" in text
     assert "skipped kinds gpuplane does not mirror: 1 KubeVirt, 2 ResourceQuota, 1 VirtualMachine" in text
@@ -584,7 +579,7 @@ def test_unknown_kinds_are_skipped_and_reported(tmp_path: Path) -> None:
 def test_load_snapshot_command_queues_a_pass_only_when_asked(
     tmp_path: Path, settings: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
-    path = write(tmp_path / "cluster.yaml", small_cluster())
+    path = write_snapshot(tmp_path / "cluster.yaml", small_cluster())
     out = io.StringIO()
     call_command("load_snapshot", str(path), stdout=out)
     assert "queued a full pass" not in out.getvalue()  # GPUPLANE_AUTO_PASS is off in tests

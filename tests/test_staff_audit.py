@@ -19,12 +19,7 @@ from binder.queue import queue_full_pass
 from binder.tasks import answer_pass_task, resync_task
 from tests.staff_cluster import load_staff_cluster
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 @pytest.fixture

@@ -9,61 +9,20 @@ two to ``docs/screenshots/`` (board.png, lost-set.png).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.urls import reverse
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from binder import models
-from binder.mirror.snapshot import load_file
-from binder.runtime.passes import run_pass
-from gpuplane.management.commands.demo import DEMO_FILE
-from tests.browsing import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    PASSWORD,
-    SCREENSHOTS,
-    artifacts_dir,
-    axe_violations,
-    login,
-    orm,
-)
+from tests.browsing import SCREENSHOTS, add_staff, artifacts_dir, axe_violations, login, new_page, orm
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 
 LOST_SET = "team-nlp/llm-train-a"
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def _staff() -> None:
-    get_user_model().objects.create_user("staff", password=PASSWORD, is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def demo() -> None:
-    load_file(DEMO_FILE, replace=True)
-    run_pass()
-    run_pass()
-    _staff()
 
 
 @pytest.fixture
@@ -90,13 +49,7 @@ def thousand() -> None:
         ],
         batch_size=2000,
     )
-    _staff()
-
-
-def _page(browser: Browser, **options: Any) -> Page:
-    context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
-    context.set_default_timeout(15_000)
-    return context.new_page()
+    add_staff()
 
 
 class Clicks:
@@ -113,7 +66,7 @@ class Clicks:
 def test_lost_set_explained_and_bound_again_in_at_most_five_clicks(
     demo: None, browser: Browser, live_server: Any
 ) -> None:
-    page = _page(browser)
+    page = new_page(browser)
     login(page, live_server, reverse("admin:placement-board"))
     click = Clicks(page)
 
@@ -154,7 +107,7 @@ def test_lost_set_explained_and_bound_again_in_at_most_five_clicks(
 def test_board_at_1000_nodes_is_paged_sorted_and_finds_a_set(
     thousand: None, browser: Browser, live_server: Any
 ) -> None:
-    page = _page(browser)
+    page = new_page(browser)
     login(page, live_server, reverse("admin:placement-board"))
     rows = page.locator("#gp-board tr.node")
     expect(rows).to_have_count(100)
@@ -183,7 +136,7 @@ def test_board_at_1000_nodes_is_paged_sorted_and_finds_a_set(
 
 
 def test_keyboard_tab_to_the_cells_arrows_enter_and_escape(demo: None, browser: Browser, live_server: Any) -> None:
-    page = _page(browser)
+    page = new_page(browser)
     login(page, live_server, reverse("admin:placement-board"))
     page.locator("body").focus()
     tabs = 0
@@ -216,7 +169,7 @@ def test_keyboard_tab_to_the_cells_arrows_enter_and_escape(demo: None, browser: 
 def test_phone_sized_board_has_32px_targets_and_a_panel_on_screen(
     demo: None, browser: Browser, live_server: Any
 ) -> None:
-    page = _page(browser, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = new_page(browser, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     login(page, live_server, reverse("admin:placement-board"))
     sizes = page.eval_on_selector_all(
         "#gp-board a.u", "els => els.map(e => [e.getBoundingClientRect().width, e.getBoundingClientRect().height])"
@@ -241,7 +194,7 @@ def test_phone_sized_board_has_32px_targets_and_a_panel_on_screen(
 
 def test_axe_finds_no_serious_violations(demo: None, browser: Browser, live_server: Any) -> None:
     # The test context skips the site's CSP so axe (an injected inline script) can run.
-    page = _page(browser, bypass_csp=True)
+    page = new_page(browser, bypass_csp=True)
     login(page, live_server, reverse("admin:placement-board"))
     found = {}
     for name in ("admin:placement-board", "admin:binder_lostset_changelist", "admin:budgets"):
@@ -251,7 +204,7 @@ def test_axe_finds_no_serious_violations(demo: None, browser: Browser, live_serv
 
 
 def test_board_screenshot_for_the_readme(demo: None, browser: Browser, live_server: Any) -> None:
-    page = _page(browser, viewport={"width": 1280, "height": 760})
+    page = new_page(browser, viewport={"width": 1280, "height": 760})
     login(page, live_server, reverse("admin:placement-board"))
     cell = page.locator('tr[data-node="hgx-h100-02"] a.u[data-set="team-research/protein-fold"]').first
     cell.hover()

@@ -6,112 +6,30 @@ The browser is Debian's Chromium (``/usr/bin/chromium``, installed by ``.ci/run`
 missing), driven by Playwright; a browser Playwright would download is never used.
 Screenshots of the board and the chart are saved as artifacts (``GPUPLANE_ARTIFACTS``,
 else ``var/artifacts``) in a directory per database, and ``.ci/run`` prints where.
+The helpers are in tests/browsing.py, the ``browser``, ``page`` and ``demo`` fixtures in
+tests/conftest.py.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import connection, connections
 from django.urls import reverse
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from binder import models
-from binder.mirror.snapshot import load_file
-from binder.runtime.passes import run_pass
-from gpuplane.management.commands.demo import DEMO_FILE
+from tests.browsing import artifacts_dir, login, orm
 from usage.models import UsageRecord
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-PASSWORD = "staff-pass-1234"
 LOST_SET = "team-nlp/llm-train-a"
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def artifacts_dir() -> Path:
-    base = Path(os.environ.get("GPUPLANE_ARTIFACTS") or settings.VAR_DIR / "artifacts")
-    path = base / f"browser-{connection.vendor}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def orm[T](work: Callable[[], T]) -> T:
-    """Run ORM work on another thread: Playwright's sync API keeps an event loop on this
-    one while the browser is open, and Django refuses database calls from a thread with a
-    running loop. (Fixtures that write the database run before the browser starts.)"""
-
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result()
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """Per test (about a second): it must stop before the test database is flushed, for
-    the same reason as :func:`orm`."""
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def demo() -> None:
-    """The demo cluster, placed as ``make demo`` places it (two full passes)."""
-    load_file(DEMO_FILE, replace=True)
-    run_pass()
-    run_pass()
-    get_user_model().objects.create_user("staff", password=PASSWORD, is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def page(live_server: Any, browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    yield page
-    context.close()
-
-
-def login(page: Page, live_server: Any, next_url: str) -> None:
-    page.goto(f"{live_server.url}{reverse('admin:login')}?next={next_url}")
-    page.fill("#id_username", "staff")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    expect(page).to_have_url(re.compile(re.escape(next_url)))
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 
 
 def test_board_lost_set_decisions_and_retry(demo: None, page: Page, live_server: Any) -> None:

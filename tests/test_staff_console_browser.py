@@ -2,7 +2,7 @@
 page finds a tenant, a tenant's VM, a node; the node page offers drain; the drain preview
 says where each set would go; confirming drains the node and the sets land where the
 preview said. Debian's Chromium through Playwright on the demo cluster; screenshots are
-artifacts (tests/browser.py). With ``GPUPLANE_UPDATE_SCREENSHOTS=1`` the preview's is also
+artifacts (tests/browsing.py). With ``GPUPLANE_UPDATE_SCREENSHOTS=1`` the preview's is also
 copied to docs/screenshots/drain-preview.png for the README (not by default: a test run
 leaves the checkout as it found it)."""
 
@@ -11,57 +11,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.urls import reverse
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from binder import models
-from binder.mirror.snapshot import load_file
-from binder.runtime.passes import run_pass
-from gpuplane.management.commands.demo import DEMO_FILE
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, artifacts_dir, login, orm
+from tests.browsing import artifacts_dir, login, orm
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 
 DRAINED = "hgx-h100-01"
 README_SCREENSHOT = Path(settings.BASE_DIR) / "docs" / "screenshots" / "drain-preview.png"
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def demo() -> None:
-    load_file(DEMO_FILE, replace=True)
-    run_pass()
-    run_pass()
-    get_user_model().objects.create_user("staff", password=PASSWORD, is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def page(live_server: Any, browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    yield page
-    context.close()
 
 
 def search(page: Page, query: str) -> None:

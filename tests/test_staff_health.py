@@ -5,7 +5,6 @@ limit, each linked; "as of" its time; auto-refresh off unless asked for."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -21,12 +20,7 @@ from tests.clock import Clock
 from tests.shapes import NOW
 from tests.staff_cluster import load_staff_cluster
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 @pytest.fixture

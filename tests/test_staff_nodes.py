@@ -6,7 +6,6 @@ retries that report the truth."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,19 +24,9 @@ from binder.reports.nodes import node_preview
 from binder.runtime.passes import run_pass
 from tests.kube_emulator import RunningApiServer
 from tests.shapes import H100
-from tests.staff_cluster import load_staff_cluster, staff_objects
+from tests.staff_cluster import staff_objects
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def placed(tmp_path: Path) -> models.PassRun:
-    return load_staff_cluster(tmp_path)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 
 
 def action_url(node: str, action: str) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
@@ -38,20 +37,16 @@ from tests.shapes import (
     namespace_obj,
     node_obj,
     plain_pod_obj,
+    write_snapshot,
 )
 from usage.daily import daily_gpu_hours
 from usage.models import UsageRecord
 from usage.queries import gpu_hours
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 BOARD = "admin:placement-board"
 PAGES = ("admin:placement-board", "admin:budgets", "admin:usage-chart", "admin:binder_lostset_changelist")
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -77,9 +72,7 @@ def cluster(tmp_path: Path) -> dict[str, Any]:
         plain_pod_obj("team-b", "trainer-0", A10, 1, "n1"),
         budget_obj("team-a", {"h100x2": 6, A10: 2}),
     ]
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
-    load_file(path)
+    load_file(write_snapshot(tmp_path / "cluster.yaml", objects))
     run = run_pass()
     assert (run.bound, run.lost) == (2, 1), run.__dict__
     models.Node.objects.filter(name="n2").update(allocatable={H100: 2})

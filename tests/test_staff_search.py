@@ -5,8 +5,6 @@ node page lists a node's sets and pods with the ledger's figures."""
 from __future__ import annotations
 
 from html.parser import HTMLParser
-from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -21,21 +19,11 @@ from binder.mirror.read import read_cluster
 from binder.reports.nodes import node_report
 from binder.reports.search import MAX_QUERY
 from tests.shapes import A10, H100
-from tests.staff_cluster import SEG_TRAIN_LAUNCHER, load_staff_cluster
+from tests.staff_cluster import SEG_TRAIN_LAUNCHER
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 SEARCH = "admin:search"
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def placed(tmp_path: Path) -> models.PassRun:
-    return load_staff_cluster(tmp_path)
 
 
 class Hits(HTMLParser):

@@ -20,15 +20,10 @@ from tests.clock import Clock
 from tests.shapes import NOW
 from tests.staff_cluster import load_staff_cluster
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 LONG_FLOAT = re.compile(r"\d+\.\d{4,}")
 MINUTE_ONLY = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d(?!:)")
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def test_the_formats() -> None:

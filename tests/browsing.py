@@ -18,7 +18,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from django.urls import reverse
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from binder.mirror.snapshot import load_file
 from binder.runtime.passes import run_pass
@@ -56,6 +56,15 @@ def new_page(browser: Browser, **options: Any) -> Page:
     context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
     context.set_default_timeout(15_000)
     return context.new_page()
+
+
+def readme_screenshot(target: Page | Locator, name: str) -> None:
+    """Refresh the README's ``docs/screenshots/<name>`` only with ``GPUPLANE_UPDATE_SCREENSHOTS=1``,
+    so an ordinary test run never edits the checkout (the artifacts get a copy every run)."""
+    if os.environ.get("GPUPLANE_UPDATE_SCREENSHOTS") != "1":
+        return
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=SCREENSHOTS / name)
 
 
 def artifacts_dir() -> Path:

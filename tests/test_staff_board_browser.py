@@ -17,7 +17,7 @@ from django.urls import reverse
 from playwright.sync_api import Browser, Page, expect
 
 from binder import models
-from tests.browsing import SCREENSHOTS, add_staff, artifacts_dir, axe_violations, login, new_page, orm
+from tests.browsing import add_staff, artifacts_dir, axe_violations, login, new_page, orm, readme_screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 
@@ -78,8 +78,7 @@ def test_lost_set_explained_and_bound_again_in_at_most_five_clicks(
     expect(row.locator("ol.would-fit")).to_contain_text("on hgx-h100-04: uncordon it and free 2")
     row.scroll_into_view_if_needed()
     row.screenshot(path=artifacts_dir() / "lost-set.png")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#gp-lost").screenshot(path=SCREENSHOTS / "lost-set.png")
+    readme_screenshot(page.locator("#gp-lost"), "lost-set.png")
 
     # click 1: the set's deep link highlights its cells
     click(f'#gp-lost tr[data-set="{LOST_SET}"] a.set-link')
@@ -211,6 +210,5 @@ def test_board_screenshot_for_the_readme(demo: None, browser: Browser, live_serv
     cell.click()
     expect(page.locator("#cell-info")).to_be_visible()
     expect(page.locator('a.u.pin[data-set="team-research/protein-fold"]')).to_have_count(4)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / "board.png")
+    readme_screenshot(page, "board.png")
     page.screenshot(path=artifacts_dir() / "board.png", full_page=True)

@@ -862,6 +862,12 @@ def main() -> None:
     parser.add_argument("--skip-generate", action="store_true", help="reuse the cluster already in the database")
     parser.add_argument("--generate-only", action="store_true", help="generate the cluster, measure nothing")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="the EKS-scale run: only the cold pass, steady passes, passes after 1 changed set, idle answer passes "
+        "and this worker's peak RSS (no child processes, no floor SELECTs)",
+    )
     parser.add_argument("--child", choices=("full", "answer"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -896,8 +902,66 @@ def main() -> None:
         else:
             delete_bench_sets()
         figures["counts"] = current_counts()
+        if args.scale_only:
+            measure_scale(args, figures, progress)
+            report_scale(figures)
+            return
         measure(args, figures, progress, console)
     report(args, figures)
+
+
+def measure_scale(args: argparse.Namespace, figures: dict[str, Any], progress: Any) -> None:
+    """``--scale-only``: what a warm worker costs at EKS scale (100k nodes, 1M devices)."""
+    rng = random.Random(args.seed + 2)
+    namespaces = generous_tenants()
+    task = progress.add_task("scale: cold, steady, 1 set, answers", total=1 + 2 * args.runs + args.answer_runs)
+    out: dict[str, Any] = {}
+    duration, run = timed_pass("full")
+    out["cold"] = {"duration": duration, "rows_read": run.rows_read, "view": run.view}
+    progress.advance(task)
+    steady = []
+    for _ in range(args.runs):
+        duration, run = timed_pass("full")
+        steady.append({"duration": duration, "view": run.view})
+        progress.advance(task)
+    out["steady"] = steady
+    one = []
+    for i in range(args.runs):
+        insert_sets(f"order-scale-{i:03d}", 1, rng, namespaces)
+        duration, run = timed_pass("full")
+        one.append({"duration": duration, "rows_read": run.rows_read, "bound": run.bound})
+        progress.advance(task)
+    out["one_set"] = one
+    idle = []
+    for i in range(args.answer_runs):
+        insert_sets(f"answer-scale-{i:03d}", 1, rng, namespaces, size=2, bind_request=True)
+        duration, _ = timed_pass("answer")
+        idle.append(duration)
+        progress.advance(task)
+    out["answer_idle"] = idle
+    out["maxrss_mib"] = peak_rss_mib()
+    figures["scale"] = out
+    delete_bench_sets()
+    timed_pass("full")
+
+
+def report_scale(f: dict[str, Any]) -> None:
+    c, out, ms = f["counts"], f["scale"], 1000
+    print(
+        f"Cluster: {c['nodes']} nodes ({c['units']} GPU units), {c['devices']} devices in {c['sets']} sets, "
+        f"{c['namespaces']} tenants, {c['vmis']} VMIs, {c['pods']} pods; PostgreSQL, {os.cpu_count()} CPUs.\n"
+    )
+    steady = [x["duration"] for x in out["steady"]]
+    one = [x["duration"] for x in out["one_set"]]
+    idle = out["answer_idle"]
+    print("| measure | figure |")
+    print("|---|---:|")
+    print(f"| cold pass (rebuild, {out['cold']['rows_read']} rows) | {out['cold']['duration']:.1f} s |")
+    print(f"| steady full pass, warm worker, median of {len(steady)} | {statistics.median(steady) * ms:.1f} ms |")
+    print(f"| pass after 1 changed set, median of {len(one)} | {statistics.median(one) * ms:.0f} ms |")
+    print(f"| answer pass idle, p50 / p99 of {len(idle)} | {pct(idle, 50) * ms:.0f} / {pct(idle, 99) * ms:.0f} ms |")
+    print(f"| worker peak RSS (this process) | {out['maxrss_mib']:.0f} MiB |")
+    print("\n```json\n" + json.dumps(f, indent=1, default=str) + "\n```")
 
 
 def measure(args: argparse.Namespace, figures: dict[str, Any], progress: Any, console: Any) -> None:

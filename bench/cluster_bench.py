@@ -106,20 +106,27 @@ def json_dump(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
+def model_defaults(model: Any, columns: Sequence[str]) -> tuple[list[str], list[Any]]:
+    """The columns of ``model`` not in ``columns`` that need a value from the client (a
+    default, or NOT NULL text), with those values: raw INSERT and COPY name every column,
+    so a new column with a default must not break a bench."""
+    extra = [
+        f for f in model._meta.concrete_fields
+        if not f.primary_key and f.attname not in columns and f.name not in columns
+        and (f.has_default() or (not f.null and f.empty_strings_allowed))
+    ]  # fmt: skip
+    return [f.attname for f in extra], [f.get_default() for f in extra]
+
+
 def load(model: Any, columns: Sequence[str], rows: Iterable[Sequence[Any]], loader: str, advance: Callable) -> int:
     """Insert ``rows`` (values in ``columns`` order) with COPY or ``bulk_create``."""
     from django.db import connection
 
     count = 0
     # Fields the generator does not name get their model default (COPY names every column).
-    extra = [
-        f for f in model._meta.concrete_fields
-        if not f.primary_key and f.attname not in columns and f.name not in columns
-        and (f.has_default() or (not f.null and f.empty_strings_allowed))
-    ]  # fmt: skip
+    extra, defaults = model_defaults(model, columns)
     if extra:
-        defaults = [f.get_default() for f in extra]
-        columns = [*columns, *(f.attname for f in extra)]
+        columns = [*columns, *extra]
         rows = ([*row, *defaults] for row in rows)
     if loader == "copy":
         table = connection.ops.quote_name(model._meta.db_table)

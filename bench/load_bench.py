@@ -149,7 +149,7 @@ def postgres_pids(database: str) -> list[int]:
 
 
 class Cpu:
-    """CPU seconds per part over the run, from /proc: the gunicorn and Celery process
+    """CPU seconds per part over the run, from /proc: the webhook server and Celery process
     families, the PostgreSQL backends of this database, this process, and the machine as a
     whole (everyone's work). A thread samples every 0.5 s, so a backend that ends during
     the run (Django recycles connections after ``CONN_MAX_AGE``) still counts up to its
@@ -511,7 +511,7 @@ def pass_stats(since: Any) -> dict[str, Any]:
     answers = [(allowed, ms) for allowed, ms, _ in rows]
     latencies = [ms for _, ms in answers if ms is not None]
     # One request per set (all its devices share it): the seconds webhook calls spent
-    # waiting for the binder, each holding a gunicorn thread.
+    # waiting for the binder, each holding a webhook server thread.
     per_request = {request: ms for _, ms, request in rows if ms is not None}
     out["bind_answers"] = {
         "count": len(answers),
@@ -691,7 +691,7 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
             web, binder, database = server.pid, worker.pid, database_name(args.database_url)
             cpu = Cpu(
                 {
-                    "gunicorn": lambda: family(web),
+                    "webhook server": lambda: family(web),
                     "celery worker": lambda: family(binder),
                     "postgres": lambda: postgres_pids(database),
                 }

@@ -42,10 +42,11 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cluster_bench import DEFAULT_URL, database_name, generous_tenants, pct, setup_django
+from cluster_bench import DEFAULT_URL, database_name, generous_tenants, json_dump, model_defaults, pct, setup_django
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -245,15 +246,17 @@ class PendingSets:
         ns, vm = spec
         # One connection for all client threads: the server's 52 threads and their LISTEN
         # connections already come close to PostgreSQL's default max_connections of 100.
+        from binder import models
+
+        columns = ["namespace_id", "name", "class_name", "vm_name", "phase", "created"]
+        extra, defaults = model_defaults(models.GpuDevice, columns)
+        names = ", ".join([*columns, *extra])
+        marks = ", ".join(["%s"] * (len(columns) + len(extra)))
+        values = [ns, f"{vm}-gpu0", self.class_name, vm, "Pending", datetime.now(UTC), *map(json_dump, defaults)]
         with self.lock:
             if self.conn is None:
                 self.conn = psycopg.connect(self.url, autocommit=True)
-            self.conn.execute(
-                f"INSERT INTO {self.table} (namespace_id, name, class_name, vm_name, phase, node, since, reason, "  # noqa: S608
-                "bind_request, bind_requested_at, answered_request, answer, created) "
-                "VALUES (%s, %s, %s, %s, 'Pending', '', NULL, '', '', NULL, '', '', now())",
-                [ns, f"{vm}-gpu0", self.class_name, vm],
-            )
+            self.conn.execute(f"INSERT INTO {self.table} ({names}) VALUES ({marks})", values)  # noqa: S608
         return review(new_vmi(self.names[ns], vm, [f"{vm}-gpu0"]))
 
     def needed_pass(self, tag: str) -> int:

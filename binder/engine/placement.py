@@ -61,6 +61,13 @@ class NodeCache:
     nodes: dict[str, Node] | None = None
     node_names: list[str] | None = None
 
+    def index(self, nodes: Iterable[Node]) -> tuple[Mapping[str, Node], Sequence[str]]:
+        """``nodes`` by name and their sorted names, built once per cache."""
+        if self.nodes is None or self.node_names is None:
+            self.nodes = {n.name: n for n in nodes}
+            self.node_names = sorted(self.nodes)
+        return self.nodes, self.node_names
+
 
 def is_settled(members: Sequence[Device], nodes: Mapping[str, Node], classes: Mapping[str, GpuClass]) -> bool:
     """Whether a full pass provably leaves the set ``members`` alone, whatever else changes.
@@ -261,11 +268,7 @@ class _Pass:
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
         self.cache = cache if cache is not None else NodeCache()
-        if self.cache.nodes is None or self.cache.node_names is None:
-            self.cache.nodes = {n.name: n for n in cluster.nodes}
-            self.cache.node_names = sorted(self.cache.nodes)
-        self.nodes: Mapping[str, Node] = self.cache.nodes
-        self.node_names: Sequence[str] = self.cache.node_names
+        self.nodes, self.node_names = self.cache.index(cluster.nodes)
         #: Each changed set's members as the pass found them, taken at its first change.
         self._before: dict[SetKey, tuple[Device, ...]] = {}
         self.budgets = cluster.budgets

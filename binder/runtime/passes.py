@@ -93,7 +93,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         # What the pass saw: the whole state for a full pass (the usage step reads its
         # classes and pods), only the requested sets for an answer pass (SPEC §4).
         snapshot, ids = _view(kind, state, now, options), state.device_ids
-        result, ledger_used, unchanged = _decide(kind, state, catch, now, options)
+        result, ledger_used, unchanged = _decide(kind, state, catch, snapshot)
         if unchanged:
             run.view = "unchanged"
         if catch.view != "rebuilt" and _verification_due(state):
@@ -162,36 +162,27 @@ def _write_own(
     return OwnWrites(xid=xid, after=after, upto=upto)
 
 
-def _rows(snapshot: e.Cluster) -> int:
-    return sum(
-        len(part)
-        for part in (snapshot.classes, snapshot.nodes, snapshot.devices, snapshot.budgets, snapshot.vmis, snapshot.pods)
-    )
-
-
 def _view(kind: str, state: ClusterState, now: datetime, options: e.Settings) -> e.Cluster:
     if kind == models.PassKind.ANSWER:
         return state.requested(now, options)
     return state.cluster(now, options)
 
 
-def _decide(
-    kind: str, state: ClusterState, catch: Catchup, now: datetime, options: e.Settings
-) -> tuple[PassResult, bool, bool]:
-    """The engine's result from the in-memory state, whether it moved the state's ledger and
-    whether the engine was skipped.
+def _decide(kind: str, state: ClusterState, catch: Catchup, snapshot: e.Cluster) -> tuple[PassResult, bool, bool]:
+    """The engine's result on ``snapshot`` (the pass's :func:`_view` of the state), whether
+    it moved the state's ledger and whether the engine was skipped.
 
     A full pass with nothing changed since a full pass that changed nothing is proven to
     change nothing again (``unchanged_since_last_full_pass``) and skips the engine. An
     answer pass gives the engine only the requested sets and the ledger of everything.
     """
     if kind == models.PassKind.ANSWER:
-        return ENGINES[kind](state.requested(now, options), state.ledger(), state.node_cache), True, False
-    same = state.unchanged_since_last_full_pass(catch, now, options)
+        return ENGINES[kind](snapshot, state.ledger(), state.node_cache), True, False
+    same = state.unchanged_since_last_full_pass(catch, snapshot.now, snapshot.settings)
     if same is not None:
         return same, False, True
     scope = state.scope(catch)
-    return ENGINES[kind](state.cluster(now, options), state.ledger(), state.node_cache, scope=scope), True, False
+    return ENGINES[kind](snapshot, state.ledger(), state.node_cache, scope=scope), True, False
 
 
 def _verification_due(state: ClusterState) -> bool:

@@ -151,11 +151,6 @@ class Catchup:
         self.dirty_sets |= other.dirty_sets
         self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view != "incremental"
 
-    @property
-    def cluster_wide(self) -> bool:
-        """A change that can touch any set (a node, a class, a budget): not confined to dirty sets."""
-        return self.view != "incremental" or any(self.changed.get(k) for k in ("Node", "GPUClass", "GPUBudget"))
-
 
 class ClusterState:
     """One worker's view of the mirror: engine records, the device ids, the ledger, the feed cursor."""
@@ -194,7 +189,8 @@ class ClusterState:
         #: Sets a full pass may act on (not ``is_settled``); None: to be worked out again
         #: for every set (after a node or class changed).
         self._unsettled: set[SetKey] | None = None
-        self._by_name: dict[str, dict[str, Any]] = {}
+        #: The classes by name (settledness reads them; the nodes by name are the node cache's).
+        self._classes: dict[str, e.GpuClass] | None = None
         #: What answer passes found and wrote since the last full pass.
         self.pending = Catchup(view="incremental")
         #: What the last full pass computed, for the "nothing changed" rule.
@@ -432,7 +428,7 @@ class ClusterState:
         if kind in ("Node", "GPUClass"):
             self.node_cache = NodeCache()
             self._unsettled = None
-            self._by_name.pop(kind, None)
+            self._classes = None
         if kind not in ("GPU", "GPUBudget"):
             self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
 
@@ -474,16 +470,11 @@ class ClusterState:
             if ledger and self._ledger is not None:
                 self._ledger.commit(key, self.set_members(key))
 
-    def _named(self, kind: str) -> dict[str, Any]:
-        """Records of ``kind`` by name (nodes and classes have no namespace)."""
-        table = self._by_name.get(kind)
-        if table is None:
-            table = self._by_name[kind] = {r.name: r for r in self.records[kind].values()}
-        return table
-
     def _settled(self, key: SetKey) -> bool:
-        members = self.set_members(key)
-        return is_settled(members, self._named("Node"), self._named("GPUClass"))
+        if self._classes is None:
+            self._classes = {c.name: c for c in self.records["GPUClass"].values()}
+        nodes, _ = self.node_cache.index(self._tuple("Node"))
+        return is_settled(self.set_members(key), nodes, self._classes)
 
     def scope(self, catch: Catchup) -> set[SetKey]:
         """The sets a full pass must visit: every set that is not settled, plus what changed.
@@ -597,10 +588,7 @@ class ClusterState:
             return 0
         keep = sorted({*self.horizon, *(int(x) for _, horizon in readers for x in horizon)})
         deleted, _ = (
-            models.Change.objects.filter(position__lt=floor)
-            .exclude(xid__in=keep)
-            .exclude(position=self.mark_at)
-            .delete()
+            models.Change.objects.filter(position__lt=floor).exclude(xid__in=keep).delete()
         )
         self.pruned = floor
         return deleted
@@ -675,7 +663,7 @@ class ClusterState:
             "_deadlines",
             "node_cache",
             "_unsettled",
-            "_by_name",
+            "_classes",
         ):
             setattr(self, name, getattr(other, name))
         self.last_full = None

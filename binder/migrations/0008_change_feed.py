@@ -67,12 +67,13 @@ def _postgresql_reverse() -> list[str]:
     return out
 
 
-def _sqlite_sql() -> list[str]:
+def _sqlite_sql(tables=FEED_TABLES) -> list[str]:
     """Row-level triggers (SQLite has no statement triggers and no TRUNCATE: a DELETE
     without WHERE fires them for every row once a table has triggers). SQLite runs one
-    writer at a time, so positions commit in order and the feed has no in-flight gaps."""
+    writer at a time, so positions commit in order and the feed has no in-flight gaps.
+    0010 re-creates them for the tables SQLite rebuilt."""
     out = []
-    for table, kind, namespaced in FEED_TABLES:
+    for table, kind, namespaced in tables:
         for event, op, rows in _OPS:
             row = "OLD" if event == "DELETE" else "NEW"
             ns = f"{row}.namespace_id" if namespaced else "NULL"
@@ -85,10 +86,10 @@ def _sqlite_sql() -> list[str]:
     return out
 
 
-def _sqlite_reverse() -> list[str]:
+def _sqlite_reverse(tables=FEED_TABLES) -> list[str]:
     return [
         f"DROP TRIGGER IF EXISTS binder_feed_{table}_{op.lower()}"
-        for table, _kind, _ns in FEED_TABLES
+        for table, _kind, _ns in tables
         for _event, op, _rows in _OPS
     ]
 

@@ -64,22 +64,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from cluster_bench import (
-    SIZE_WEIGHTS,
-    SIZES,
-    database_name,
-    ensure_database,
-    generate,
-    generous_tenants,
-    insert_sets,
-    lock_held_elsewhere,
-    pct,
-    setup_django,
-)
-from webhook_bench import REDIS_URL, bound_bodies, child_env, start_celery, start_server, stop
+from common import database_name, ensure_database, lock_held_elsewhere, pct, setup_django
+from servers import REDIS_URL, child_env, start_celery, start_server, stop
+from synth import SIZE_WEIGHTS, SIZES, bound_bodies, generate, generous_tenants, insert_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_load_bench"
 PREFIX = "loadbench-"  # vm names of every set and VMI this bench makes up

@@ -51,11 +51,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
-from cluster_bench import CLASSES, FORBIDDEN_DATABASES, NODE_SELECTOR, database_name, node_labels, pct, setup_django
-from webhook_bench import start_server, stop
+from common import FORBIDDEN_DATABASES, database_name, pct, setup_django
+from servers import start_server, stop
+from synth import CLASSES, NODE_SELECTOR, node_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_usage_bench"
 PASS_SECONDS = 60  # records open and close on full passes, one a minute

@@ -108,7 +108,8 @@ from binder.mirror.snapshot import SnapshotError, load_objects
 from binder.mirror.write import MODELS as MIRROR_MODELS
 from binder.mirror.write import mirror_event
 from binder.runtime.passes import run_pass
-from binder.runtime.state import ClusterState, compare_records
+from binder.runtime.state import ClusterState
+from binder.runtime.verify import compare_records
 from tests import shapes
 from tests.clock import Clock
 from tests.engine_invariants import (

@@ -33,17 +33,11 @@ from binder.engine import types as e
 from binder.mirror.read import engine_settings
 from binder.runtime import cluster
 from binder.runtime.answers import notify_answers
+from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
-from binder.runtime.state import (
-    STATE,
-    Catchup,
-    ClusterState,
-    OwnWrites,
-    StatusWritten,
-    compare_records,
-    compare_results,
-    own_feed_position,
-)
+from binder.runtime.mirror_state import Catchup
+from binder.runtime.state import STATE, ClusterState, StatusWritten
+from binder.runtime.verify import compare_records, compare_results
 from usage.records import record_usage
 
 log = logging.getLogger(__name__)
@@ -155,7 +149,7 @@ def _write_own(
     run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int], state: ClusterState
 ) -> OwnWrites:
     """``write_result``, noting which feed entries the writes made: the worker's state
-    holds them after the pass (see :class:`~binder.runtime.state.OwnWrites`)."""
+    holds them after the pass (see :class:`~binder.runtime.feed.OwnWrites`)."""
     _, after = own_feed_position()
     write_result(run, result, ids, state.status_written)
     xid, upto = own_feed_position()

@@ -1,0 +1,165 @@
+"""What every bench shares: the bench database (created if missing, never a forbidden one), Django
+set-up, bulk loading with COPY, percentiles and peak memory."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_bench"
+
+
+FORBIDDEN_DATABASES = {"test", "postgres", "template0", "template1", "gpuplane"}
+
+
+def database_name(url: str) -> str:
+    return urlparse(url).path.lstrip("/")
+
+
+def ensure_database(url: str) -> None:
+    """Create the bench database if it does not exist (never touches any other one)."""
+    import psycopg
+    from psycopg import sql
+
+    name = database_name(url)
+    if not name or name in FORBIDDEN_DATABASES:
+        raise SystemExit(f"refusing to use database {name!r}: give a dedicated one, e.g. {DEFAULT_URL}")
+    parsed = urlparse(url)
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def setup_django(url: str, migrate: bool) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["GPUPLANE_AUTO_PASS"] = "false"  # noqa: S105 (not a password) the bench runs every pass itself
+    os.environ.setdefault("GPUPLANE_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplane.settings")
+    import django
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+
+
+def json_dump(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
+def model_defaults(model: Any, columns: Sequence[str]) -> tuple[list[str], list[Any]]:
+    """The columns of ``model`` not in ``columns`` that need a value from the client (a
+    default, or NOT NULL text), with those values: raw INSERT and COPY name every column,
+    so a new column with a default must not break a bench."""
+    extra = [
+        f for f in model._meta.concrete_fields
+        if not f.primary_key and f.attname not in columns and f.name not in columns
+        and (f.has_default() or (not f.null and f.empty_strings_allowed))
+    ]  # fmt: skip
+    return [f.attname for f in extra], [f.get_default() for f in extra]
+
+
+def load(model: Any, columns: Sequence[str], rows: Iterable[Sequence[Any]], loader: str, advance: Callable) -> int:
+    """Insert ``rows`` (values in ``columns`` order) with COPY or ``bulk_create``."""
+    from django.db import connection
+
+    count = 0
+    # Fields the generator does not name get their model default (COPY names every column).
+    extra, defaults = model_defaults(model, columns)
+    if extra:
+        columns = [*columns, *extra]
+        rows = ([*row, *defaults] for row in rows)
+    if loader == "copy":
+        table = connection.ops.quote_name(model._meta.db_table)
+        cols = ", ".join(connection.ops.quote_name(c) for c in columns)
+        with connection.cursor() as cursor, cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([json_dump(v) for v in row])
+                count += 1
+                if count % 5000 == 0:
+                    advance(5000)
+        advance(count % 5000)
+        return count
+    batch: list[Any] = []
+    for row in rows:
+        batch.append(model(**dict(zip(columns, row, strict=True))))
+        if len(batch) == 5000:
+            model.objects.bulk_create(batch, batch_size=5000)
+            count += len(batch)
+            advance(len(batch))
+            batch = []
+    if batch:
+        model.objects.bulk_create(batch, batch_size=5000)
+        count += len(batch)
+        advance(len(batch))
+    return count
+
+
+class Packer:
+    """Best-fit placement per resource: the node with the fewest free units that fits.
+
+    The same policy as the binder ("fullest node with room"), so the generated cluster
+    looks like one the binder packed, and no node is ever over-booked.
+    """
+
+    def __init__(self, nodes_by_class: dict[str, list[int]], gpus: int) -> None:
+        self.gpus = gpus
+        self.free: dict[int, int] = {}
+        # buckets[class][free units] -> node indexes (a stack; deterministic)
+        self.buckets: dict[str, list[list[int]]] = {}
+        for cls, indexes in nodes_by_class.items():
+            buckets: list[list[int]] = [[] for _ in range(gpus + 1)]
+            buckets[gpus] = list(reversed(indexes))
+            self.buckets[cls] = buckets
+            for i in indexes:
+                self.free[i] = gpus
+
+    def take(self, cls: str, units: int) -> int | None:
+        buckets = self.buckets[cls]
+        for free in range(units, self.gpus + 1):
+            if buckets[free]:
+                node = buckets[free].pop()
+                self.free[node] = free - units
+                buckets[free - units].append(node)
+                return node
+        return None
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def peak_rss_mib() -> float:
+    """Peak RSS of this process image: VmHWM, which exec resets (Linux keeps ru_maxrss of the
+    parent across fork and exec, so a child spawned by a big parent would report the parent's)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def lock_held_elsewhere() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() "
+            "AND l.pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0

@@ -1,0 +1,313 @@
+"""The mirror held in memory as engine records, brought current from the change feed.
+
+SPEC §4 and §5 (Freshness) let a process keep the cluster in memory between decisions
+when each decision first brings it up to date from a change feed that cannot miss a
+change. :class:`MirrorState` is that copy, shared by the binder (``binder.runtime.state``
+adds what a pass keeps) and the web processes' read model (``binder.runtime.readmodel``):
+the engine records of every mirrored row by kind and row id, the device ids, the members
+of each set, the :class:`~binder.engine.Ledger` of booked units, and the engine's
+:class:`~binder.engine.placement.NodeCache`. :meth:`MirrorState.follow` applies only the
+feed entries (``binder.runtime.feed``) not seen yet, re-reading just those rows.
+Re-reading the *current* row makes applying an entry idempotent and order-free: an entry
+applied twice, or late, leaves the same record.
+
+When it cannot prove it is current (nothing in memory, a gap in the feed, a renamed
+namespace) it reads everything again (:meth:`MirrorState.rebuild`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from binder import models
+from binder.engine import Ledger, build_ledger
+from binder.engine import types as e
+from binder.engine.placement import NodeCache
+from binder.mirror.read import KINDS, read_rows
+from binder.runtime.feed import FeedCursor, FeedGap, FeedRead, OwnWrites
+
+log = logging.getLogger(__name__)
+
+SetKey = tuple[str, str]
+#: The engine kinds, in the order a rebuild reads them.
+ENGINE_KINDS = ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod")
+_CHUNK = 5000
+
+
+@dataclass(slots=True)
+class Catchup:
+    """What bringing the state current found."""
+
+    view: str
+    """``rebuilt`` (everything read again) or ``incremental`` (feed entries applied)."""
+    reason: str = ""
+    """Why the state was rebuilt."""
+    rows_read: int = 0
+    entries: int = 0
+    changed: dict[str, set[SetKey]] = field(default_factory=lambda: defaultdict(set))
+    """kind -> (namespace, name) of records that differ from the state before (deleted ones too)."""
+    dirty_sets: set[SetKey] = field(default_factory=set)
+    """Sets whose members, pods or VMI changed."""
+    since_rebuild: bool = False
+    """An answer pass since the last full pass rebuilt the state: reconcile all usage."""
+
+    @property
+    def nothing_changed(self) -> bool:
+        return self.view == "incremental" and not self.since_rebuild and not any(self.changed.values())
+
+    def absorb(self, other: Catchup) -> None:
+        """Add what ``other`` (an earlier answer pass's catch-up) found: full passes act on it."""
+        for kind, keys in other.changed.items():
+            self.changed[kind] |= keys
+        self.dirty_sets |= other.dirty_sets
+        self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view != "incremental"
+
+
+class MirrorState:
+    """One process's copy of the mirror: engine records, device ids, set members, the ledger, the feed cursor."""
+
+    def __init__(self, name: str) -> None:
+        #: Who reads (the feed anchor entries carry it; the binder's FeedReader row is keyed by it).
+        self.worker = name
+        self.lock = threading.RLock()
+        self._reset("new process")
+
+    def _reset(self, why: str) -> None:
+        self.valid = False
+        self.why_invalid = why
+        #: When this state was last read from scratch (verification counts from it).
+        self.verified_at = time.monotonic()
+        self.records: dict[str, dict[int, Any]] = {kind: {} for kind in ENGINE_KINDS}
+        self.namespaces: dict[int, str] = {}
+        self.device_ids: dict[SetKey, int] = {}
+        self.members: dict[SetKey, dict[str, e.Device]] = defaultdict(dict)
+        self.cursor = FeedCursor(anchor_name=self.worker)
+        self._tuples: dict[str, tuple[Any, ...]] = {}
+        self._ledger: Ledger | None = None
+        #: What the engine derives from nodes and classes, kept while none of them changes.
+        self.node_cache = NodeCache()
+
+    # The cursor's fields, read by tests and the pass record.
+    @property
+    def position(self) -> int:
+        return self.cursor.position
+
+    @property
+    def horizon(self) -> tuple[int, ...]:
+        return self.cursor.horizon
+
+    @property
+    def mark(self) -> str:
+        return self.cursor.mark
+
+    @property
+    def mark_at(self) -> int:
+        return self.cursor.mark_at
+
+    @property
+    def pruned(self) -> int:
+        return self.cursor.pruned
+
+    def invalidate(self, why: str) -> None:
+        """Forget everything: the next catch-up reads the whole mirror again."""
+        if self.valid:
+            log.info("mirror state of %s dropped: %s", self.worker, why)
+        self._reset(why)
+
+    # -- bringing the state current --------------------------------------------------------
+
+    def follow(self, skip: OwnWrites | None = None) -> Catchup:
+        """Apply the feed entries not yet seen (less ``skip``), or rebuild when the state
+        cannot be proven current."""
+        if not self.valid:
+            return self.rebuild(self.why_invalid)
+        try:
+            feed = self.cursor.follow(skip)
+        except FeedGap as gap:
+            return self.rebuild(str(gap))
+        catch = Catchup(view="incremental", entries=len(feed.entries))
+        by_kind = feed.ids_by_kind()
+        if by_kind.get("Namespace") and not self._apply_namespaces(by_kind.pop("Namespace"), catch):
+            return self.rebuild("a namespace was renamed")
+        for kind in ENGINE_KINDS:
+            if by_kind.get(kind):
+                self._apply(kind, by_kind[kind], catch)
+        self.cursor.advance(feed)
+        return catch
+
+    def rebuild(self, reason: str) -> Catchup:
+        """Read the whole mirror again (the feed's top first, then the rows: a change
+        committed between the two is applied again by the next :meth:`follow`)."""
+        self._reset(reason)
+        feed = self.cursor.start()
+        catch = Catchup(view="rebuilt", reason=reason)
+        self.namespaces = dict(models.Namespace.objects.values_list("id", "name"))
+        catch.rows_read += len(self.namespaces)
+        for kind in ENGINE_KINDS:
+            ids: dict[SetKey, int] = {}
+            rows = read_rows(kind, ids=ids)
+            catch.rows_read += len(rows)
+            table = self.records[kind]
+            for record in rows:
+                table[ids[record_key(record)]] = record
+            if kind == "GPU":
+                self.device_ids = ids
+                for record in rows:
+                    self._index_device(record, +1)
+                self._sets_changed(list(self.members))
+        self._rebuilt(feed)
+        log.info("mirror state of %s rebuilt (%s): %d rows", self.worker, reason, catch.rows_read)
+        return catch
+
+    def _rebuilt(self, feed: FeedRead) -> None:
+        self.cursor.advance(feed)
+        self.valid = True
+        self.why_invalid = ""
+
+    def _apply_namespaces(self, ids: set[int], catch: Catchup) -> bool:
+        """New and deleted namespaces; False when one was renamed (its rows' keys all change)."""
+        current = dict(models.Namespace.objects.filter(id__in=ids).values_list("id", "name"))
+        catch.rows_read += len(current)
+        for ns_id in ids:
+            old, new = self.namespaces.get(ns_id), current.get(ns_id)
+            if old is not None and new is not None and old != new:
+                return False
+            if new is None:
+                self.namespaces.pop(ns_id, None)
+            else:
+                self.namespaces[ns_id] = new
+        return True
+
+    def _apply(self, kind: str, ids: set[int], catch: Catchup) -> None:
+        """Re-read the rows ``ids`` of ``kind`` and replace (or drop) their records."""
+        model, convert, fields = KINDS[kind]
+        namespaced = hasattr(model, "NAMESPACE_LOOKUP")
+        columns = ("id", "name", *(("namespace_id",) if namespaced else ()), *fields)
+        width = 3 if namespaced else 2
+        found: dict[int, Any] = {}
+        ordered = sorted(ids)
+        for i in range(0, len(ordered), _CHUNK):
+            for row in model.objects.filter(id__in=ordered[i : i + _CHUNK]).order_by().values_list(*columns):
+                namespace = self.namespaces.get(row[2], "") if namespaced else ""
+                found[row[0]] = convert(namespace, row[1], *row[width:])
+        catch.rows_read += len(found)
+        table = self.records[kind]
+        changed = False
+        sets: set[SetKey] = set()
+        for object_id in ordered:
+            old, new = table.get(object_id), found.get(object_id)
+            if old == new:
+                continue
+            changed = True
+            for record in (old, new):
+                if record is not None:
+                    catch.changed[kind].add(record_key(record))
+                    catch.dirty_sets.update(sets_of(kind, record))
+            if new is None:
+                del table[object_id]
+            else:
+                table[object_id] = new
+            if kind == "GPU":
+                self._replace_device(object_id, old, new)
+                sets.update(d.set_key for d in (old, new) if d is not None)
+        if sets:
+            self._sets_changed(sorted(sets))
+        if changed:
+            self._changed(kind)
+
+    def _changed(self, kind: str) -> None:
+        """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
+        self._tuples.pop(kind, None)
+        if kind in ("Node", "GPUClass"):
+            self.node_cache = NodeCache()
+        if kind not in ("GPU", "GPUBudget"):
+            self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
+
+    def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
+        """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
+        once for the sets touched (a pass binding 10k sets writes 26k devices)."""
+        if old is not None:
+            if self.device_ids.get(old.key) == object_id:
+                del self.device_ids[old.key]
+            self._index_device(old, -1)
+        if new is not None:
+            self.device_ids[new.key] = object_id
+            self._index_device(new, +1)
+
+    def _index_device(self, device: e.Device, sign: int) -> None:
+        key = device.set_key
+        members = self.members[key]
+        if sign > 0:
+            members[device.name] = device
+        elif members.get(device.name) == device:
+            del members[device.name]
+        if not members:
+            self.members.pop(key, None)
+
+    def _sets_changed(self, keys: Iterable[SetKey], *, ledger: bool = True) -> None:
+        """Bring what is kept per set current for ``keys`` (``ledger``: the booked units,
+        unless the engine already moved them there)."""
+        if ledger and self._ledger is not None:
+            for key in keys:
+                self._ledger.commit(key, self.set_members(key))
+
+    # -- what the engine reads -------------------------------------------------------------
+
+    def set_members(self, key: SetKey) -> tuple[e.Device, ...]:
+        """A set's devices in key order (as ``build_ledger`` stores them)."""
+        return tuple(sorted(self.members.get(key, {}).values(), key=lambda d: d.key))
+
+    def _tuple(self, kind: str) -> tuple[Any, ...]:
+        cached = self._tuples.get(kind)
+        if cached is None:
+            cached = self._tuples[kind] = tuple(self.records[kind].values())
+        return cached
+
+    def cluster(self, now: datetime, settings: e.Settings) -> e.Cluster:
+        """The whole state as one engine snapshot (no database read)."""
+        return e.Cluster(
+            now=now,
+            classes=self._tuple("GPUClass"),
+            nodes=self._tuple("Node"),
+            devices=self._tuple("GPU"),
+            budgets=self._tuple("GPUBudget"),
+            vmis=self._tuple("VirtualMachineInstance"),
+            pods=self._tuple("Pod"),
+            settings=settings,
+        )
+
+    def ledger(self) -> Ledger:
+        """The ledger of the whole state, built from memory when a node, class, pod or VMI
+        changed, else kept current set by set."""
+        if self._ledger is None:
+            self._ledger = build_ledger(
+                classes=self._tuple("GPUClass"),
+                nodes=self._tuple("Node"),
+                devices=self._tuple("GPU"),
+                pods=self._tuple("Pod"),
+                vmis=self._tuple("VirtualMachineInstance"),
+            )
+        return self._ledger
+
+
+def record_key(record: Any) -> SetKey:
+    """(namespace, name) of any engine record; nodes and classes have no namespace."""
+    return (getattr(record, "namespace", ""), record.name)
+
+
+def sets_of(kind: str, record: Any) -> Iterable[SetKey]:
+    """The sets a record belongs to: a device's, a VMI's own, a launcher-looking pod's owner."""
+    if kind == "GPU":
+        return (record.set_key,)
+    if kind == "VirtualMachineInstance":
+        return ((record.namespace, record.name),)
+    if kind == "Pod" and record.owner_vmi:
+        return ((record.namespace, record.owner_vmi),)
+    return ()

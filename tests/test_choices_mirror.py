@@ -132,7 +132,9 @@ def test_an_order_placed_on_its_second_choice_is_stored_and_dumped_as_held() -> 
 
 @pytest.mark.django_db
 def test_a_device_without_alternatives_dumps_no_choices_and_records_its_held_class() -> None:
-    load_objects([namespace_obj("t1"), class_obj("h100", H100), node_obj("nh", {H100: 4}), gpu_obj("t1", "g0", "h100", "v")])
+    load_objects(
+        [namespace_obj("t1"), class_obj("h100", H100), node_obj("nh", {H100: 4}), gpu_obj("t1", "g0", "h100", "v")]
+    )
     run_pass("full")
     (device,) = dump()["devices"]
     assert "choices" not in device and device["class"] == "h100"

@@ -186,3 +186,16 @@ def test_a_set_held_as_its_second_choice_is_pinned_with_that_class() -> None:
     patched = jsonpatch.apply_patch(vmi, list(verdict.patch))
     assert [g["deviceName"] for g in patched["spec"]["domain"]["devices"]["gpus"]] == [A100, A100]
     assert A100_TOLERATION in patched["spec"]["tolerations"]
+
+
+def test_the_crd_refuses_an_alternative_repeating_class_name() -> None:
+    """The apiserver checks this one with a CEL rule (the loader refuses it too), so an
+    order the cluster accepted never stops parsing."""
+    from pathlib import Path
+
+    import yaml
+
+    crd = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy/base/crds/gpus.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (rule,) = spec["x-kubernetes-validations"]
+    assert rule["rule"] == "!has(self.alternativeClassNames) || !(self.className in self.alternativeClassNames)"

@@ -10,10 +10,12 @@ from __future__ import annotations
 import copy
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 from django.core.management import call_command
 
 from binder import models
@@ -25,6 +27,7 @@ from binder.runtime.cluster import device_status
 from binder.runtime.passes import run_pass
 from tests.factories import new_vmi, review
 from tests.shapes import H100, class_obj, engine, gpu_obj, namespace_obj, node_obj
+from usage.models import UsageRecord
 from webhooks import admission
 from webhooks.admission import Action, MirrorView
 
@@ -125,6 +128,11 @@ def test_an_order_placed_on_its_second_choice_is_stored_and_dumped_as_held() -> 
     ]
     (tenant,) = [t for t in state["tenants"] if t["namespace"] == "t1"]
     assert tenant["usage"] == {"a100": 2, A100: 2}
+    # Usage records carry the held class and its resource.
+    assert set(UsageRecord.objects.values_list("subject", "key", "resource_name", "units")) == {
+        ("g0", "a100", A100, 1),
+        ("g1", "a100", A100, 1),
+    }
     # A second pass reads the held class back and changes nothing.
     second = run_pass("full")
     assert (second.devices_written, second.bound, second.moved, second.lost) == (0, 0, 0, 0)
@@ -191,11 +199,28 @@ def test_a_set_held_as_its_second_choice_is_pinned_with_that_class() -> None:
 def test_the_crd_refuses_an_alternative_repeating_class_name() -> None:
     """The apiserver checks this one with a CEL rule (the loader refuses it too), so an
     order the cluster accepted never stops parsing."""
-    from pathlib import Path
-
-    import yaml
-
     crd = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy/base/crds/gpus.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     (rule,) = spec["x-kubernetes-validations"]
     assert rule["rule"] == "!has(self.alternativeClassNames) || !(self.className in self.alternativeClassNames)"
+
+
+def _order_view(limits: dict[str, int]) -> MirrorView:
+    return MirrorView(
+        namespace="t1",
+        devices=tuple(engine(gpu_with("t1", n, "vm1", ["a100"])) for n in ("g0", "g1")),
+        classes=(engine(class_obj("h100", H100)), engine(a100_class())),
+        budgets=(engine({"apiVersion": "gpuplane.io/v1alpha1", "kind": "GPUBudget",
+                         "metadata": {"name": "b", "namespace": "t1"}, "spec": {"limits": limits}}),),
+    )  # fmt: skip
+
+
+def test_the_advisory_budget_check_denies_only_when_every_choice_is_over_budget() -> None:
+    body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
+    assert admission.decide(body, _order_view({"h100": 0})).action is Action.BIND
+    denied = admission.decide(body, _order_view({"h100": 0, "a100": 1}))
+    assert denied.action is Action.DENY
+    assert "over budget for every class the set accepts: h100: over budget: class key h100 has limit 0" in (
+        denied.message
+    )
+    assert "; a100: over budget: class key a100 has limit 1" in denied.message

@@ -167,8 +167,28 @@ def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple
     budget, or None.
 
     A module function (not only a pass method) so the admission webhook's advisory check
-    gives the very sentence the binder would: same ledger, same limits, same words.
+    gives the very sentence the binder would: same ledger, same limits, same words. An
+    order whose members accept several classes is over budget only when every choice is:
+    the sentence then names each choice and why.
     """
+    refusal = _budget_refusal(ledger, limits, key, candidate)
+    if refusal is None or any(d.held for d in ledger.devices(key)):
+        return refusal
+    placing = [d for d in candidate if d.held]
+    if not has_alternatives(placing) or disagreement(candidate):
+        return refusal
+    names = {d.name for d in placing}
+    notes = []
+    for choice in choices_of(placing[0]):
+        why = _budget_refusal(ledger, limits, key, reclassed(candidate, names, choice))
+        if why is None:
+            return None
+        notes.append((choice, why))
+    return f"over budget for every class the set accepts: {passed_over(notes)}"
+
+
+def _budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
+    """``budget_refusal`` for ``candidate`` as it is (each device as its own class)."""
     namespace = key[0]
     delta = ledger.delta(key, candidate)
     for budget_key in sorted(delta.used):
@@ -461,8 +481,9 @@ class _Pass:
         return cached
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
-        """Why making ``candidate`` current would push the tenant over a budget, or None."""
-        return budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
+        """Why making ``candidate`` current would push the tenant over a budget, or None
+        (each device as the class it is booked as: the pass tries choices itself)."""
+        return _budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
 
     # -- changing ------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from binder.engine import ANSWER_BOUND, Cluster, answer_pass, full_pass
 from binder.engine import types as e
+from binder.engine.explain import explain_sets
 from tests.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"
@@ -436,3 +437,27 @@ def test_sets_with_alternatives_stay_whole_and_within_capacity(spec: dict[str, A
     again = dataclasses.replace(c, devices=tuple(sorted(state.values(), key=lambda d: d.key)))
     second = full_pass(again)
     assert second.changes == ()
+
+
+# -- the explanation of a waiting set --------------------------------------------------------------
+
+
+def test_the_explanation_of_a_pending_order_covers_every_choice() -> None:
+    c = cluster(
+        *held("t2", "h-user", 6, "h", "h100", choices=("h100",)),
+        *held("t2", "a-user", 5, "a", "a100", choices=("a100",)),
+        *order("t1", "vm", 4, choices=("b200", "h100", "a100")),
+        nodes=(node("h", {H100: 8}), node("a", {A100: 8})),
+    )
+    why = explain_sets(c)[("t1", "vm")]
+    assert [(n.label, n.units, n.gap_node, n.gap) for n in why.needs] == [("h100", 4, "h", 2), ("a100", 4, "a", 3)]
+    assert why.problems == ()
+
+
+def test_the_explanation_names_a_budget_only_when_every_choice_is_over() -> None:
+    nodes = (node("h", {H100: 2}), node("a", {A100: 3}))
+    one = cluster(*order("t1", "vm", 4), nodes=nodes, budgets=(budget("t1", {"h100": 0}),))
+    assert explain_sets(one)[("t1", "vm")].problems == ()
+    both = cluster(*order("t1", "vm", 4), nodes=nodes, budgets=(budget("t1", {"h100": 0, "a100": 0}),))
+    (problem,) = explain_sets(both)[("t1", "vm")].problems
+    assert problem.startswith("over budget for every class the set accepts: h100: over budget")

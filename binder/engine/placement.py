@@ -180,6 +180,9 @@ def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple
     names = {d.name for d in placing}
     notes = []
     for choice in choices_of(placing[0]):
+        if choice not in ledger.classes:
+            notes.append((choice, f"class {choice} does not exist"))
+            continue
         why = _budget_refusal(ledger, limits, key, reclassed(candidate, names, choice))
         if why is None:
             return None

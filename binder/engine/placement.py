@@ -606,13 +606,10 @@ class _Pass:
         """
         members = self.members(key)
         held = [d for d in members if d.held]
-        # New members join a set with alternatives as the class it is held as.
-        held_as = self.joining_class(key, members)
-        if held_as:
-            members = reclassed(members, {d.name for d in members if d.phase is Phase.PENDING}, held_as)
-        elif held and (differ := disagreement(members)):
-            self.with_reason(key, (d.name for d in members if d.phase is Phase.PENDING), f"pending: {differ}")
+        joined = self.join_as_held(key, members, held)
+        if joined is None:
             return
+        members, held_as = joined
         fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
         if not held or not fresh or len({(d.phase, d.node) for d in held}) > 1:
             return
@@ -846,6 +843,24 @@ class _Pass:
         """Whether a launcher pod that has not finished runs the set's VM: it asked for
         the raw resource of the class the set is held as, so the set keeps that class."""
         return any(not pod.finished for pod, _ in self.ledger.launcher_pods.get(key, ()))
+
+    def join_as_held(
+        self, key: SetKey, members: tuple[Device, ...], held: Sequence[Device]
+    ) -> tuple[tuple[Device, ...], str] | None:
+        """New members of a held set with alternatives join as the class it is held as:
+        ``members`` with them re-classed, and that class ("" when nothing changes). None
+        when they list other choices than the rest: they wait, saying so."""
+        if not held or len(held) == len(members) or not has_alternatives(members):
+            return members, ""
+        pending = {d.name for d in members if d.phase is Phase.PENDING}
+        held_as = self.joining_class(key, members)
+        if held_as:
+            return reclassed(members, pending, held_as), held_as
+        differ = disagreement(members)
+        if differ:
+            self.with_reason(key, pending, f"pending: {differ}")
+            return None
+        return members, ""
 
     def joining_class(self, key: SetKey, members: Sequence[Device]) -> str:
         """The class new members of a held set with alternatives join as: the one the set

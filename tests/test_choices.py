@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from binder.engine import ANSWER_BOUND, Cluster, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.explain import explain_sets
+from binder.engine.placement import is_settled
 from tests.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"
@@ -338,6 +339,8 @@ set_state = st.tuples(
     st.integers(1, 4),
     placement,
     st.booleans(),  # an unanswered bind request
+    st.sampled_from(["", "", "grow", "split", "lost"]),  # the last member: new, elsewhere, or Lost
+    st.integers(0, 2),  # with alternatives: which choice a held set is held as
 )
 clusters = st.fixed_dictionaries(
     {
@@ -360,30 +363,40 @@ def _random_cluster(spec: dict[str, Any], alternatives: tuple[str, ...] | None) 
         for i, (h, a, ready, cordoned) in enumerate(spec["nodes"])
     )
     devices = []
-    for s, (tenant, cls, size, where, asks) in enumerate(spec["sets"]):
+    for s, (tenant, cls, size, where, asks, odd, held_index) in enumerate(spec["sets"]):
         phase, node_name = e.Phase.PENDING, ""
         if where == "lost":
             phase = e.Phase.LOST
         elif isinstance(where, tuple):
             phase, node_name = e.Phase.BOUND, nodes[where[1] % len(nodes)].name
         choices: tuple[str, ...] = ()
+        held_as = cls
         if alternatives is not None:
             choices = (cls, *(a for a in alternatives if a != cls))
-        devices.extend(
-            e.Device(
-                f"t{tenant}",
-                f"s{s}-g{m}",
-                cls,
-                f"s{s}",
-                phase,
-                node_name,
-                since=NOW,
-                bind_request="req" if asks else "",
-                created=NOW,
-                choices=choices,
+            held_as = choices[held_index % len(choices)]
+        for m in range(size):
+            member_phase, member_node = phase, node_name
+            if m == size - 1 and m > 0 and odd:
+                if odd == "grow":
+                    member_phase, member_node = e.Phase.PENDING, ""
+                elif odd == "lost":
+                    member_phase, member_node = e.Phase.LOST, ""
+                else:
+                    member_phase, member_node = e.Phase.BOUND, nodes[(s + 1) % len(nodes)].name
+            devices.append(
+                e.Device(
+                    f"t{tenant}",
+                    f"s{s}-g{m}",
+                    held_as if member_phase is not e.Phase.PENDING else cls,
+                    f"s{s}",
+                    member_phase,
+                    member_node,
+                    since=NOW,
+                    bind_request="req" if asks else "",
+                    created=NOW,
+                    choices=choices,
+                )
             )
-            for m in range(size)
-        )
     budgets = tuple(
         e.Budget(f"t{tenant}", f"b{i}", {key: limit}) for i, (tenant, key, limit) in enumerate(spec["budgets"])
     )
@@ -405,7 +418,7 @@ def test_one_choice_behaves_exactly_as_no_choices(spec: dict[str, Any]) -> None:
     assert _without_choices(answer_pass(single)) == answer_pass(plain)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(clusters, st.permutations(["c0", "c1", "c2"]))
 def test_sets_with_alternatives_stay_whole_and_within_capacity(spec: dict[str, Any], prefs: list[str]) -> None:
     """With alternatives: every held set is held as one of its choices, all members alike,
@@ -413,12 +426,19 @@ def test_sets_with_alternatives_stay_whole_and_within_capacity(spec: dict[str, A
     second pass changes nothing."""
     c = _random_cluster(spec, tuple(prefs))
     result = full_pass(c)
+    # A worker passes only the unsettled sets: the same decisions.
+    nodes = {n.name: n for n in c.nodes}
+    classes = {cls.name: cls for cls in PLAIN_CLASSES}
+    by_set: dict[tuple[str, str], list[e.Device]] = {}
+    for d in c.devices:
+        by_set.setdefault(d.set_key, []).append(d)
+    scope = [key for key, members in by_set.items() if not is_settled(members, nodes, classes)]
+    assert full_pass(c, scope=scope) == result
     state = {d.key: d for d in c.devices}
     state.update({d.key: d for d in result.devices})
     sets: dict[tuple[str, str], list[e.Device]] = {}
     for d in state.values():
         sets.setdefault(d.set_key, []).append(d)
-    classes = {cls.name: cls for cls in PLAIN_CLASSES}
     for members in sets.values():
         held_members = [d for d in members if d.held]
         if held_members:

@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = replay(nodes, orders, mode)
             row[mode] = result
             print(
-                f"{level:>6g}  {mode:<13} {result['allocated_pct']:>8.2f}% {result['refused']:>8} "
+                f"{token:>6}  {mode:<13} {result['allocated_pct']:>8.2f}% {result['refused']:>8} "
                 f"{result['engine_s']:>9.3f}"
             )
         figures[token] = row

@@ -17,6 +17,7 @@ import jsonpatch
 import pytest
 import yaml
 from django.core.management import call_command
+from prometheus_client.parser import text_string_to_metric_families
 
 from binder import models
 from binder.engine import types as e
@@ -224,3 +225,18 @@ def test_the_advisory_budget_check_denies_only_when_every_choice_is_over_budget(
         denied.message
     )
     assert "; a100: over budget: class key a100 has limit 1" in denied.message
+
+
+@pytest.mark.django_db
+def test_metrics_count_a_held_device_under_its_held_class(client: Any) -> None:
+    load_objects(objects(h100_free=0))
+    run_pass("full")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    by_class = {
+        (s.labels["class"], s.labels["phase"]): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+        if s.name == "gpuplane_class_devices"
+    }
+    assert (by_class[("a100", "Bound")], by_class[("h100", "Bound")]) == (2, 0)

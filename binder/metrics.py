@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
-from django.db.models import Count, F, Q, Sum, Value
+from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.db.models.functions import Coalesce, NullIf
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
@@ -201,8 +201,12 @@ class DatabaseCollector(Collector):
 
     def device_metrics(self) -> Iterator[Metric]:
         """Devices by phase and class, and Lost sets: three COUNT queries."""
-        # A held device counts under the class it is held as (status_class_name, empty while Pending).
-        held_as = Coalesce(NullIf(F("status_class_name"), Value("")), F("class_name"))
+        # A held device counts under the class it is held as: status_class_name (empty while
+        # Pending) for a device with alternatives; spec.className for one without.
+        held_as = Case(
+            When(alternative_class_names=[], then=F("class_name")),
+            default=Coalesce(NullIf(F("status_class_name"), Value("")), F("class_name")),
+        )
         counts = {
             (row["phase"], row["held_as"]): row["n"]
             for row in models.GpuDevice.objects.order_by()

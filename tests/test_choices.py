@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from binder.engine import ANSWER_BOUND, Cluster, answer_pass, full_pass
 from binder.engine import types as e
+from binder.engine.catalog import order_fit
 from binder.engine.explain import explain_sets
 from binder.engine.placement import is_settled
 from tests.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
@@ -481,3 +482,26 @@ def test_the_explanation_names_a_budget_only_when_every_choice_is_over() -> None
     both = cluster(*order("t1", "vm", 4), nodes=nodes, budgets=(budget("t1", {"h100": 0, "a100": 0}),))
     (problem,) = explain_sets(both)[("t1", "vm")].problems
     assert problem.startswith("over budget for every class the set accepts: h100: over budget")
+
+
+# -- the catalog: would an order with these choices fit now? ---------------------------------------
+
+
+def test_the_catalog_answers_an_order_with_choices_by_the_binders_rules() -> None:
+    c = cluster(
+        *held("t1", "big", 7, "h", "h100", choices=("h100",)),
+        nodes=(node("h", {H100: 8}), node("a", {A100: 8})),
+        budgets=(budget("t1", {"a100": 4}),),
+    )
+    fit = order_fit(c, "t1", 2, ["h100", "a100"])
+    assert (fit.fits, fit.class_name, fit.node) == (True, "a100", "a")
+    assert "passed over h100: no h100 node has room" in fit.reason
+    assert [(b.key, b.limit, b.used, b.after) for b in fit.budget] == [("a100", 4, 0, 2), (A100, None, 0, 2)]
+    one = order_fit(c, "t1", 1, ["h100", "a100"])
+    assert (one.class_name, one.node, one.reason) == ("h100", "h", "bound: fullest node with room")
+    refused = order_fit(c, "t1", 5, ["h100", "a100"])
+    assert not refused.fits and refused.class_name == ""
+    assert refused.reason.startswith("none of the set's classes can take it: h100: no h100 node has room")
+    assert "a100: over budget: class key a100 has limit 4" in refused.reason
+    # Asking changes nothing: the snapshot holds no trace of the probe.
+    assert full_pass(c).devices == ()

@@ -162,6 +162,16 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     return run.result(with_status=False)
 
 
+def try_order(cluster: Cluster, key: SetKey) -> tuple[Device, ...]:
+    """The members of the order ``key`` (all Pending, in ``cluster``) as binding new orders
+    would place them now, with nothing else moved: the catalog's "would it fit, and as
+    which class" answered by the binder's own rules."""
+    run = _Pass(cluster, scope=[key])
+    if cluster.settings.enabled:
+        run.bind_order(key)
+    return run.members(key)
+
+
 def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
     """Why making ``candidate`` the devices of set ``key`` would push its tenant over a
     budget, or None.

@@ -17,6 +17,7 @@ import jsonpatch
 import pytest
 import yaml
 from django.core.management import call_command
+from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
 from binder import models
@@ -240,3 +241,11 @@ def test_metrics_count_a_held_device_under_its_held_class(client: Any) -> None:
         if s.name == "gpuplane_class_devices"
     }
     assert (by_class[("a100", "Bound")], by_class[("h100", "Bound")]) == (2, 0)
+
+
+@pytest.mark.django_db
+def test_the_admin_device_list_shows_the_held_class_and_the_choices(admin_client: Any) -> None:
+    load_objects(objects(h100_free=0))
+    run_pass("full")
+    page = admin_client.get(reverse("admin:binder_gpudevice_changelist")).content.decode()
+    assert "a100 (choices h100, a100)" in page

@@ -5,6 +5,10 @@ fixtures' shape (8 GPUs per node, several classes, sets of 1-8 devices, launcher
 listed in their VMI's activePods).
 
     .venv/bin/python bench/engine_bench.py --nodes 1000 --sets 2000
+    .venv/bin/python bench/engine_bench.py --nodes 1000 --sets 2000 --alternatives-share 0.3
+
+``--alternatives-share`` gives that share of the orders two or three classes to choose from
+(their own first, then the next ones), as orders that accept several GPU classes do.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ CLASSES = (
 )
 
 
-def synthetic(nodes: int, sets: int, tenants: int, seed: int) -> Cluster:
+def synthetic(nodes: int, sets: int, tenants: int, seed: int, alternatives_share: float = 0.0) -> Cluster:
     rng = random.Random(seed)
+    choice_rng = random.Random(seed + 1)  # its own stream: the same sets with or without alternatives
     node_list = tuple(
         Node(f"gpu-{i:05d}", {CLASSES[i % 3].resource_name: 8}, labels={"kubernetes.io/hostname": f"gpu-{i:05d}"})
         for i in range(nodes)
@@ -42,7 +47,11 @@ def synthetic(nodes: int, sets: int, tenants: int, seed: int) -> Cluster:
         cls = CLASSES[s % 3]
         size = rng.choice((1, 1, 2, 2, 4, 8))
         ns, vm = f"tenant-{s % tenants:04d}", f"vm-{s:06d}"
-        devices.extend(Device(ns, f"{vm}-gpu{j}", cls.name, vm, created=created) for j in range(size))
+        choices: tuple[str, ...] = ()
+        if choice_rng.random() < alternatives_share:
+            count = choice_rng.choice((2, 3))
+            choices = tuple(CLASSES[(s + k) % 3].name for k in range(count))
+        devices.extend(Device(ns, f"{vm}-gpu{j}", cls.name, vm, created=created, choices=choices) for j in range(size))
         if s % 10 == 0:  # some VMs already have a launcher pod, not yet on a node
             uid = f"uid-{s}"
             vmis.append(Vmi(ns, vm, uid=f"vmi-{s}", active_pods={uid: ""}))
@@ -64,9 +73,12 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5, help="steady-state passes to time")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--alternatives-share", type=float, default=0.0, help="share of orders with 2-3 choices")
     args = parser.parse_args()
+    if not 0 <= args.alternatives_share <= 1:
+        parser.error("--alternatives-share must be between 0 and 1")
 
-    cluster = synthetic(args.nodes, args.sets, args.tenants, args.seed)
+    cluster = synthetic(args.nodes, args.sets, args.tenants, args.seed, args.alternatives_share)
     start = time.perf_counter()
     result = full_pass(cluster)
     bind_s = time.perf_counter() - start

@@ -196,7 +196,7 @@ class GpuDeviceAdmin(MirrorAdmin):
         "name",
         "namespace",
         "vm_name",
-        "class_name",
+        "held_class",
         "phase",
         "node_name",
         "since_age",
@@ -208,6 +208,7 @@ class GpuDeviceAdmin(MirrorAdmin):
     list_select_related = ["namespace"]
     # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
     readonly_fields = [
+        "status_class_name",
         "phase",
         "node",
         "since",
@@ -223,6 +224,16 @@ class GpuDeviceAdmin(MirrorAdmin):
     @admin.display(description="node", ordering="node")
     def node_name(self, obj: models.GpuDevice) -> str:
         return node_link(obj.node)
+
+    @admin.display(description="class", ordering="class_name")
+    def held_class(self, obj: models.GpuDevice) -> str:
+        """The class the device is booked as (held as, while Bound or Lost) and, for a
+        device with alternatives, every choice in order."""
+        if not obj.alternative_class_names:
+            return obj.class_name
+        held = obj.status_class_name if obj.phase != models.Phase.PENDING and obj.status_class_name else ""
+        choices = ", ".join([obj.class_name, *obj.alternative_class_names])
+        return f"{held} (choices {choices})" if held else f"{obj.class_name} (choices {choices})"
 
     @admin.display(description="since", ordering="since")
     def since_age(self, obj: models.GpuDevice) -> str:

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, Count, F, Q, Sum, Value, When
+from django.db.models.functions import Coalesce, NullIf
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -200,9 +201,18 @@ class DatabaseCollector(Collector):
 
     def device_metrics(self) -> Iterator[Metric]:
         """Devices by phase and class, and Lost sets: three COUNT queries."""
+        # A held device counts under the class it is held as: status_class_name (empty while
+        # Pending) for a device with alternatives; spec.className for one without.
+        held_as = Case(
+            When(alternative_class_names=[], then=F("class_name")),
+            default=Coalesce(NullIf(F("status_class_name"), Value("")), F("class_name")),
+        )
         counts = {
-            (row["phase"], row["class_name"]): row["n"]
-            for row in models.GpuDevice.objects.order_by().values("phase", "class_name").annotate(n=Count("id"))
+            (row["phase"], row["held_as"]): row["n"]
+            for row in models.GpuDevice.objects.order_by()
+            .annotate(held_as=held_as)
+            .values("phase", "held_as")
+            .annotate(n=Count("id"))
         }
         existing = sorted(models.GpuClass.objects.order_by().values_list("name", flat=True))
         lost_sets = (

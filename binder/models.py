@@ -133,7 +133,9 @@ class GpuDevice(models.Model):
     Placement fields (``phase``, ``node``, ``since``, ``reason``, ``answered_request``,
     ``answer``) are written by the binder only; ``bind_request`` by the webhook only.
     ``class_name`` is a name, not a foreign key: a device may name a class that does
-    not exist (yet), and then stays Pending saying so.
+    not exist (yet), and then stays Pending saying so. ``alternative_class_names`` are
+    further classes the order accepts; ``status_class_name`` (written by the binder) is
+    the one of them the device is held as while Bound or Lost.
     """
 
     NAMESPACE_LOOKUP = "namespace__name"
@@ -141,8 +143,14 @@ class GpuDevice(models.Model):
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices")
     name = models.CharField(max_length=253)
     class_name = models.CharField(max_length=253)
+    alternative_class_names = models.JSONField(
+        default=list, blank=True, help_text="further classes the device accepts, in order of preference"
+    )
     vm_name = models.CharField(max_length=253)
     phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.PENDING)
+    status_class_name = models.CharField(
+        max_length=253, blank=True, default="", help_text="the class the device is held as (empty while Pending)"
+    )
     node = models.CharField(max_length=253, blank=True)
     since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)

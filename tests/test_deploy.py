@@ -121,8 +121,11 @@ def to_json_schema(node: dict[str, Any]) -> dict[str, Any]:
     """A structural schema as the apiserver applies it: an object's unknown fields are
     refused (``kubectl apply`` validates fields strictly) unless the schema keeps them
     (``additionalProperties``, ``x-kubernetes-preserve-unknown-fields``); ``nullable``
-    allows null; ``x-kubernetes-*`` extensions and descriptions carry no validation."""
+    allows null; ``x-kubernetes-list-type: set`` refuses duplicates; the other
+    ``x-kubernetes-*`` extensions and descriptions carry no validation here."""
     out: dict[str, Any] = {}
+    if node.get("x-kubernetes-list-type") == "set":
+        out["uniqueItems"] = True
     for key, value in node.items():
         if key.startswith("x-kubernetes-") or key in ("description", "nullable", "default", "example"):
             continue
@@ -249,6 +252,9 @@ VALID = {
     "gpu, bound": gpu(BOUND),
     "gpu, lost with an empty node": gpu({"phase": "Lost", "node": "", "since": "2026-11-29T10:00:00.5+01:00"}),
     "gpu, answered": gpu({**BOUND, "answeredRequest": "r" * 128, "answer": "n1"}),
+    "gpu with alternatives": gpu(alternativeClassNames=["a100", "l40s"]),
+    "gpu held as its second choice": gpu({**BOUND, "className": "a100"}, alternativeClassNames=["a100"]),
+    "gpu with eight alternatives": gpu(alternativeClassNames=[f"c{i}" for i in range(8)]),
     "budget": gpu_budget({"h100": 8, "nvidia.com/GH100_H100_SXM5_80GB": 18, "a10": 0}),
     "budget with usage": gpu_budget({"h100": 8}, {"h100": 5, "nvidia.com/GA102GL_A10": 2}),
     "budget, empty": gpu_budget({}),
@@ -435,7 +441,7 @@ def test_gpu_printer_columns() -> None:
         ("Age", ".metadata.creationTimestamp"),
     ]
     wide = [c["name"] for c in columns("GPU") if c.get("priority")]
-    assert wide == ["Reason"]
+    assert wide == ["Held As", "Reason"]
 
 
 def test_printer_columns_point_at_schema_fields() -> None:
@@ -514,7 +520,9 @@ def test_crd_fields_per_spec() -> None:
     status = dev["status"]["properties"]
     assert status["phase"]["enum"] == ["Pending", "Bound", "Lost"]
     assert status["since"]["format"] == "date-time"
-    assert set(status) == {"phase", "node", "since", "reason", "answeredRequest", "answer"}
+    assert set(status) == {"phase", "node", "since", "reason", "answeredRequest", "answer", "className"}
+    alternatives = dev["spec"]["properties"]["alternativeClassNames"]
+    assert (alternatives["maxItems"], alternatives["x-kubernetes-list-type"]) == (8, "set")
 
     budget = spec_of("GPUBudget")
     assert budget["spec"]["required"] == ["limits"]
@@ -558,6 +566,12 @@ LOADER_REFUSES = [
     gpu({**BOUND, "since": "2026-11-29T10:00:00"}),
     gpu({**BOUND, "node": "n" * 254}),
     gpu(vmName="v" * 254),
+    gpu(alternativeClassNames=["a100", "a100"]),
+    gpu(alternativeClassNames=[f"c{i}" for i in range(9)]),
+    gpu(alternativeClassNames=["a100", 7]),
+    gpu(alternativeClassNames=[""]),
+    gpu(alternativeClassNames="a100"),
+    gpu({**BOUND, "className": "c" * 254}),
     gpu_class(unitsPerDevice=0),
     gpu_class(resourceName="GH100"),
     gpu_class(displayName="d" * 254),

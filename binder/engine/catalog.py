@@ -17,11 +17,12 @@ tenant with no GPUBudget under ``GPUPLANE_DEFAULT_BUDGET=deny``, hides the class
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
-from binder.engine.placement import refuses_new
-from binder.engine.types import Cluster, GpuClass, Node
+from binder.engine.placement import refuses_new, try_order
+from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +94,67 @@ def gpu_options(cluster: Cluster, namespace: str, ledger: Ledger | None = None) 
             )
         )
     return options
+
+
+#: The VM name of the hypothetical order ``order_fit`` places: no Kubernetes name has a NUL.
+_PROBE_VM = "\x00catalog-order"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """One budget key an order would count under: its limit (None: unlimited), the units
+    used now and the units used after the order."""
+
+    key: str
+    limit: int | None
+    used: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class OrderFit:
+    """Whether an order of ``devices`` devices accepting ``choices`` (in that order) would
+    be placed now, as which class and on which node, and why (the binder's sentence)."""
+
+    devices: int
+    choices: tuple[str, ...]
+    fits: bool
+    class_name: str = ""
+    node: str = ""
+    reason: str = ""
+    budget: tuple[BudgetUse, ...] = field(default_factory=tuple)
+    """The class key and raw key of ``class_name``, when it fits."""
+
+
+def order_fit(cluster: Cluster, namespace: str, devices: int, choices: Sequence[str]) -> OrderFit:
+    """Would an order of ``devices`` devices of ``choices`` fit for tenant ``namespace`` now?
+
+    Answered by placing a hypothetical order with the binder's own rules (the first
+    choice with room and budget, the fullest node within it) on this snapshot; nothing
+    is written. ``devices`` must be at least 1 and ``choices`` non-empty (callers check
+    their input and say so).
+    """
+    names = tuple(dict.fromkeys(choices))
+    if devices < 1 or not names:
+        raise ValueError("an order needs at least one device and one class")
+    key = (namespace, _PROBE_VM)
+    alternatives = names if len(names) > 1 else ()
+    order = tuple(
+        Device(namespace, f"{_PROBE_VM}-{i}", names[0], _PROBE_VM, created=cluster.now, choices=alternatives)
+        for i in range(devices)
+    )
+    placed = try_order(replace(cluster, devices=(*cluster.devices, *order)), key)
+    fits = all(d.phase is Phase.BOUND for d in placed)
+    reason = placed[0].reason if placed else ""
+    if not fits:
+        return OrderFit(devices, names, False, reason=reason.removeprefix("pending: "))
+    chosen = placed[0].class_name
+    cls = next(c for c in cluster.classes if c.name == chosen)
+    ledger = ledger_for(cluster)
+    limits = effective_limits((b for b in cluster.budgets if b.namespace == namespace), cluster.settings.default_budget)
+    adds = devices * cls.units_per_device
+    usage = dict(ledger.used.get(namespace, {}))
+    budget = tuple(
+        BudgetUse(k, limits.limit(k), usage.get(k, 0), usage.get(k, 0) + adds) for k in (cls.name, cls.resource_name)
+    )
+    return OrderFit(devices, names, True, chosen, placed[0].node, reason, budget)

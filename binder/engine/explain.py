@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from binder.engine.accounting import Holding, Ledger, SetKey, effective_limits, ledger_for
+from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
 from binder.engine.placement import budget_refusal, refuses_new, requested_selector_mismatch
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
@@ -211,23 +212,32 @@ class Explainer:
         devices = members if members is not None else self.ledger.devices(key)
         waiting = [d for d in devices if d.phase is not Phase.BOUND]
         phase = Phase.LOST if any(d.phase is Phase.LOST for d in waiting) else Phase.PENDING
-        problems = [
-            f"class {name} does not exist" for name in sorted({d.class_name for d in devices} - set(self.classes))
-        ]
-        known = [d for d in devices if d.class_name in self.classes]
-        # The whole set goes to one node: what it needs there, per resource.
-        need: Counter[str] = Counter()
-        names: dict[str, set[str]] = defaultdict(set)
-        for device in known:
-            cls = self.classes[device.class_name]
-            need[cls.resource_name] += cls.units_per_device
-            names[cls.resource_name].add(cls.name)
+        # A set with alternatives may be placed as any of its classes: each one's needs.
+        ways = [devices]
+        if has_alternatives(devices) and not disagreement(devices):
+            everyone = {d.name for d in devices}
+            ways = [reclassed(devices, everyone, choice) for choice in choices_of(devices[0])]
+        missing = [sorted({d.class_name for d in way} - set(self.classes)) for way in ways]
+        problems = [f"class {name} does not exist" for name in min(missing, key=len)] if all(missing) else []
         own = self.ledger.contribution(key, devices).booked
-        needs = tuple(
-            self._need(key, known, resource, units, tuple(sorted(names[resource])), own)
-            for resource, units in sorted(need.items())
-        )
-        if not problems and known:
+        needs_of_ways: list[Need] = []
+        for way in ways:
+            known = [d for d in way if d.class_name in self.classes]
+            if len(ways) > 1 and len(known) < len(way):
+                continue  # a choice whose class does not exist has nothing to show
+            # The whole set goes to one node: what it needs there, per resource.
+            need: Counter[str] = Counter()
+            names: dict[str, set[str]] = defaultdict(set)
+            for device in known:
+                cls = self.classes[device.class_name]
+                need[cls.resource_name] += cls.units_per_device
+                names[cls.resource_name].add(cls.name)
+            needs_of_ways.extend(
+                self._need(key, known, resource, units, tuple(sorted(names[resource])), own)
+                for resource, units in sorted(need.items())
+            )
+        needs = tuple(needs_of_ways)
+        if not problems and needs:
             limits = effective_limits(
                 (b for b in self.cluster.budgets if b.namespace == key[0]), self.cluster.settings.default_budget
             )

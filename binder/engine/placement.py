@@ -20,6 +20,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, is_raw_key, ledger_for
+from binder.engine.choices import (
+    choices_of,
+    disagreement,
+    has_alternatives,
+    passed_over,
+    placed_as,
+    reclassed,
+    spec_class,
+)
 from binder.engine.types import (
     Budget,
     Change,
@@ -153,13 +162,46 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     return run.result(with_status=False)
 
 
+def try_order(cluster: Cluster, key: SetKey) -> tuple[Device, ...]:
+    """The members of the order ``key`` (all Pending, in ``cluster``) as binding new orders
+    would place them now, with nothing else moved: the catalog's "would it fit, and as
+    which class" answered by the binder's own rules."""
+    run = _Pass(cluster, scope=[key])
+    if cluster.settings.enabled:
+        run.bind_order(key)
+    return run.members(key)
+
+
 def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
     """Why making ``candidate`` the devices of set ``key`` would push its tenant over a
     budget, or None.
 
     A module function (not only a pass method) so the admission webhook's advisory check
-    gives the very sentence the binder would: same ledger, same limits, same words.
+    gives the very sentence the binder would: same ledger, same limits, same words. An
+    order whose members accept several classes is over budget only when every choice is:
+    the sentence then names each choice and why.
     """
+    refusal = _budget_refusal(ledger, limits, key, candidate)
+    if refusal is None or any(d.held for d in ledger.devices(key)):
+        return refusal
+    placing = [d for d in candidate if d.held]
+    if not has_alternatives(placing) or disagreement(candidate):
+        return refusal
+    names = {d.name for d in placing}
+    notes = []
+    for choice in choices_of(placing[0]):
+        if choice not in ledger.classes:
+            notes.append((choice, f"class {choice} does not exist"))
+            continue
+        why = _budget_refusal(ledger, limits, key, reclassed(candidate, names, choice))
+        if why is None:
+            return None
+        notes.append((choice, why))
+    return f"over budget for every class the set accepts: {passed_over(notes)}"
+
+
+def _budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
+    """``budget_refusal`` for ``candidate`` as it is (each device as its own class)."""
     namespace = key[0]
     delta = ledger.delta(key, candidate)
     for budget_key in sorted(delta.used):
@@ -452,17 +494,20 @@ class _Pass:
         return cached
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
-        """Why making ``candidate`` current would push the tenant over a budget, or None."""
-        return budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
+        """Why making ``candidate`` current would push the tenant over a budget, or None
+        (each device as the class it is booked as: the pass tries choices itself)."""
+        return _budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
 
     # -- changing ------------------------------------------------------------------------
 
-    def _moved(self, device: Device, phase: Phase, node: str, reason: str) -> Device:
-        if (device.phase, device.node, device.reason) == (phase, node, reason):
+    def _moved(self, device: Device, phase: Phase, node: str, reason: str, held_as: str = "") -> Device:
+        held_as = held_as or device.class_name
+        if (device.phase, device.node, device.reason, device.class_name) == (phase, node, reason, held_as):
             return device
         changed = (device.phase, device.node) != (phase, node)
         return dataclasses.replace(
             device,
+            class_name=held_as,
             phase=phase,
             node=node,
             reason=reason,
@@ -504,11 +549,17 @@ class _Pass:
         names = {d.name for d in moving}
         return self.best_node(key, lambda n: self._bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
 
-    def settle(self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str) -> None:
+    def settle(
+        self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str, held_as: str = ""
+    ) -> None:
+        """Move the ``moving`` members to ``phase`` on ``node``; ``held_as``, when given,
+        is the class they are held as from now on (one of their choices)."""
         if phase is Phase.BOUND:
             self.refused.discard(key)
         names = {d.name for d in moving}
-        self.apply(key, (self._moved(d, phase, node, reason) if d.name in names else d for d in self.members(key)))
+        self.apply(
+            key, (self._moved(d, phase, node, reason, held_as) if d.name in names else d for d in self.members(key))
+        )
 
     # -- step 1: restore sets ------------------------------------------------------------
 
@@ -530,9 +581,12 @@ class _Pass:
         for device in self.members(key):
             if device.class_name in self.classes:
                 continue
+            if device.phase is Phase.PENDING and len(device.choices) > 1:
+                continue  # its order's reason covers every choice
             missing = f"pending: class {device.class_name} does not exist"
             if device.phase is not Phase.PENDING:
-                self.settle(key, [device], Phase.PENDING, "", f"{missing}; the device's units were released")
+                released = f"{missing}; the device's units were released"
+                self.settle(key, [device], Phase.PENDING, "", released, held_as=spec_class(device))
             elif not device.reason.startswith(missing):
                 self.with_reason(key, [device.name], missing)
 
@@ -562,6 +616,10 @@ class _Pass:
         """
         members = self.members(key)
         held = [d for d in members if d.held]
+        joined = self.join_as_held(key, members, held)
+        if joined is None:
+            return
+        members, held_as = joined
         fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
         if not held or not fresh or len({(d.phase, d.node) for d in held}) > 1:
             return
@@ -578,14 +636,19 @@ class _Pass:
                 self.refused.add(key)
             return
         if not self.cannot_take(node, fresh) and self.fit(key, self._bound_on(members, node, names), node) is not None:
-            self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}")
+            self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}", held_as)
             self.counts[Outcome.BOUND] += 1
             return
         whole = held + fresh
-        target = self.place(key, whole, exclude=[node]) if allow_move else None
+        target = None
+        if allow_move:
+            if held_as:
+                target = self.place_choosing(key, whole, (held_as,), exclude=[node])[0]
+            else:
+                target = self.place(key, whole, exclude=[node])
         if target is not None:
             self.settle(key, held, Phase.BOUND, target, f"moved from {node}: the set grew and {node} has no room")
-            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND)
+            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND, held_as)
             self.counts[Outcome.MOVED] += 1
             self.room_freed = True
             return
@@ -674,13 +737,21 @@ class _Pass:
         exclude: Iterable[str] = (),
         prefer: Counter[str] | None = None,
     ) -> None:
-        """Put the held members of ``key`` on the best node, or send them all to Lost."""
-        node = self.place(key, held, exclude=exclude, prefer=prefer)
+        """Put the held members of ``key`` on the best node, or send them all to Lost.
+
+        A set with alternatives tries its choices in order (keeping its class when a
+        launcher holds it): the first one with room wins."""
+        choices = self.move_choices(key)
+        choice, notes = "", list[tuple[str, str]]()
+        if choices is None:
+            node = self.place(key, held, exclude=exclude, prefer=prefer)
+        else:
+            node, choice, notes = self.place_choosing(key, held, choices, exclude=exclude, prefer=prefer)
         if node is not None:
-            self.settle(key, held, Phase.BOUND, node, placed(node))
+            self.settle(key, held, Phase.BOUND, node, placed(node) + placed_as(choice, notes), choice)
             self.counts[outcome] += 1
         else:
-            self.settle(key, held, Phase.LOST, "", lost)
+            self.settle(key, held, Phase.LOST, "", lost + (f" ({passed_over(notes)})" if notes else ""))
             self.counts[Outcome.LOST] += 1
             self._lost_now.add(key)
 
@@ -697,6 +768,10 @@ class _Pass:
 
     def rebind(self, key: SetKey) -> None:
         """Place a Lost set, with its new members if their budget allows (no check for the rest)."""
+        choices = self.move_choices(key)
+        if choices is not None:
+            self.rebind_choosing(key, choices)
+            return
         members = self.members(key)
         held = [d for d in members if d.held]
         fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
@@ -740,6 +815,9 @@ class _Pass:
 
     def bind_order(self, key: SetKey) -> None:
         members = self.members(key)
+        if has_alternatives(members):
+            self.bind_choosing(key, members)
+            return
         missing = sorted({d.class_name for d in members if d.class_name not in self.classes})
         if missing:
             for device in members:
@@ -768,6 +846,138 @@ class _Pass:
             return
         self.settle(key, members, Phase.BOUND, node, REASON_BOUND)
         self.counts[Outcome.BOUND] += 1
+
+    # -- choices: sets that accept several classes ---------------------------------------
+
+    def launcher_holds(self, key: SetKey) -> bool:
+        """Whether a launcher pod that has not finished runs the set's VM: it asked for
+        the raw resource of the class the set is held as, so the set keeps that class."""
+        return any(not pod.finished for pod, _ in self.ledger.launcher_pods.get(key, ()))
+
+    def join_as_held(
+        self, key: SetKey, members: tuple[Device, ...], held: Sequence[Device]
+    ) -> tuple[tuple[Device, ...], str] | None:
+        """New members of a held set with alternatives join as the class it is held as:
+        ``members`` with them re-classed, and that class ("" when nothing changes). None
+        when they list other choices than the rest: they wait, saying so."""
+        if not held or len(held) == len(members) or not has_alternatives(members):
+            return members, ""
+        pending = {d.name for d in members if d.phase is Phase.PENDING}
+        held_as = self.joining_class(key, members)
+        if held_as:
+            return reclassed(members, pending, held_as), held_as
+        differ = disagreement(members)
+        if differ:
+            self.with_reason(key, pending, f"pending: {differ}")
+            return None
+        return members, ""
+
+    def joining_class(self, key: SetKey, members: Sequence[Device]) -> str:
+        """The class new members of a held set with alternatives join as: the one the set
+        is held as. Empty for a set without alternatives, or one held as several classes
+        (a write that failed half way) or whose members list different choices."""
+        if not has_alternatives(members) or disagreement(members):
+            return ""
+        held = {d.class_name for d in members if d.held}
+        return next(iter(held)) if len(held) == 1 else ""
+
+    def move_choices(self, key: SetKey) -> tuple[str, ...] | None:
+        """The classes a held set with alternatives may take when it moves, is gathered or
+        is rebound, in order; None for a set without alternatives (the single-class rules).
+
+        A set whose launcher runs, or whose members list different choices, keeps the
+        class it is held as.
+        """
+        members = self.members(key)
+        if not has_alternatives(members):
+            return None
+        held = sorted({d.class_name for d in members if d.held})
+        if disagreement(members) or self.launcher_holds(key):
+            return (held[0],) if len(held) == 1 else None
+        return choices_of(members[0])
+
+    def place_choosing(
+        self,
+        key: SetKey,
+        moving: Sequence[Device],
+        choices: Sequence[str],
+        *,
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+        budget: bool = False,
+    ) -> tuple[str | None, str, list[tuple[str, str]]]:
+        """The first of ``choices`` with a node that has room for ``moving`` booked as
+        that class (and, with ``budget``, that the tenant's budget allows), and the
+        fullest such node: (node, class, the classes passed over with why). The node is
+        None when no choice fits."""
+        notes: list[tuple[str, str]] = []
+        names = {d.name for d in moving}
+        for choice in choices:
+            if choice not in self.classes:
+                notes.append((choice, f"class {choice} does not exist"))
+                continue
+            members = reclassed(self.members(key), names, choice)
+            as_choice = [d for d in members if d.name in names]
+            if budget:
+                refusal = self.budget_refusal(key, self._bound_on(members, "-", names))
+                if refusal:
+                    notes.append((choice, refusal))
+                    continue
+
+            def placed_on(n: str, m: tuple[Device, ...] = members) -> tuple[Device, ...]:
+                return self._bound_on(m, n, names)
+
+            node = self.best_node(key, placed_on, as_choice, exclude=exclude, prefer=prefer)
+            if node is not None:
+                return node, choice, notes
+            units = describe_units(self.units(as_choice))
+            notes.append((choice, f"no {choice} node has room for {units}{self.taint_note(as_choice)}"))
+        return None, "", notes
+
+    def bind_choosing(self, key: SetKey, members: Sequence[Device]) -> None:
+        """Bind a new order whose members list alternatives: the first choice with room
+        and budget, else Pending saying why for every choice."""
+        names = {d.name for d in members}
+        differ = disagreement(members)
+        if differ:
+            self.with_reason(key, names, f"pending: {differ}")
+            self.refused.add(key)
+            return
+        node, choice, notes = self.place_choosing(key, members, choices_of(members[0]), budget=True)
+        if node is None:
+            self.with_reason(key, names, f"pending: none of the set's classes can take it: {passed_over(notes)}")
+            self.refused.add(key)
+            return
+        self.settle(key, members, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice)
+        self.counts[Outcome.BOUND] += 1
+
+    def rebind_choosing(self, key: SetKey, choices: Sequence[str]) -> None:
+        """Rebind a Lost set with alternatives: with its new members where their budget
+        allows, else alone (no budget check: it already counts), first choice first."""
+        members = self.members(key)
+        held = [d for d in members if d.held]
+        fresh = [d for d in members if d.phase is Phase.PENDING] if not disagreement(members) else []
+        if fresh:
+            node, choice, notes = self.place_choosing(key, held + fresh, choices, budget=True)
+            if node is not None:
+                self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
+                self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice)
+                self.counts[Outcome.BOUND] += 1
+                return
+        node, choice, notes = self.place_choosing(key, held, choices)
+        if node is None:
+            if not any(d.reason.startswith("lost:") for d in held):
+                why = f"lost: none of the set's classes has a node with room for it: {passed_over(notes)}"
+                self.with_reason(key, (d.name for d in held), why)
+            if key not in self._lost_now:
+                self.refused.add(key)
+            return
+        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
+        self.counts[Outcome.BOUND] += 1
+        if fresh:
+            why = f"pending: no room for new members next to the set on {node}"
+            self.with_reason(key, (d.name for d in fresh), why)
+            self.grow(key, allow_move=False)
 
     # -- answer pass ---------------------------------------------------------------------
 

@@ -151,6 +151,11 @@ class Device:
     bind_node_selector: Mapping[str, str] = field(default_factory=dict)
     """The VMI's own ``spec.nodeSelector``, written with the bind request (SPEC §5 step 4):
     while the request is unanswered the set goes only to nodes carrying these labels."""
+    choices: tuple[str, ...] = ()
+    """The classes the device accepts, in order of preference: ``spec.className`` then
+    ``spec.alternativeClassNames``; empty when it lists no alternatives. ``class_name`` is
+    the class the engine books the device by: the one it is held as while Bound or Lost
+    (``status.className``), ``spec.className`` while Pending."""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -18,6 +18,8 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from binder.engine.choices import MAX_ALTERNATIVES
+
 GROUP = "gpuplane.io"
 BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
 #: The VMI's own nodeSelector, as JSON, written by the webhook with the bind request (SPEC §5 step 4).
@@ -456,6 +458,29 @@ def parse_bind_node_selector(r: _Reader, annotations: Mapping[str, str]) -> dict
     return value
 
 
+def parse_alternatives(r: _Reader, class_name: str) -> list[str]:
+    """``spec.alternativeClassNames``: further classes, in order of preference, after
+    ``spec.className``: distinct names, none repeating ``spec.className``, at most
+    ``MAX_ALTERNATIVES``. A list that breaks these is refused, naming the entry: guessing
+    which duplicate the tenant meant would change what the order may be placed as."""
+    path = "spec.alternativeClassNames"
+    entries = r.listing(path)
+    if len(entries) > MAX_ALTERNATIVES:
+        raise r.fail(path, f"must list at most {MAX_ALTERNATIVES} classes, got {len(entries)}")
+    names: list[str] = []
+    for index, entry in enumerate(entries):
+        at = f"{path}[{index}]"
+        if not isinstance(entry, str) or not entry:
+            raise r.fail(at, f"must be a class name, got {quote(entry)}")
+        name = r.limited(at, entry, NAME_MAX)
+        if name == class_name:
+            raise r.fail(at, f"repeats spec.className {quote(name)}")
+        if name in names:
+            raise r.fail(at, f"lists {quote(name)} twice")
+        names.append(name)
+    return names
+
+
 def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     r = _Reader(obj)
     _check_api(r, (f"{GROUP}/v1alpha1",))
@@ -469,12 +494,14 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     if phase != "Bound" and node:
         raise r.fail("status.node", f"must be empty when status.phase is {phase}")
     annotations = r.string_map("metadata.annotations")
+    class_name = r.string("spec.className", required=True, max_length=NAME_MAX)
     return Parsed(
         "GPU",
         namespace,
         name,
         {
-            "class_name": r.string("spec.className", required=True, max_length=NAME_MAX),
+            "class_name": class_name,
+            "alternative_class_names": parse_alternatives(r, class_name),
             "vm_name": r.string("spec.vmName", required=True, max_length=NAME_MAX),
             "phase": phase,
             "node": node,
@@ -489,6 +516,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "answered_request": r.string("status.answeredRequest", max_length=REQUEST_ID_MAX),
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),
+            "status_class_name": r.string("status.className", max_length=NAME_MAX) if phase != "Pending" else "",
         },
     )
 

@@ -42,12 +42,22 @@ def device_from(
     answer: str,
     created: datetime | None,
     bind_node_selector: Values | None = None,
+    alternative_class_names: list[str] | None = None,
+    status_class_name: str = "",
 ) -> e.Device:
     phase_ = PHASES[phase]
+    choices: tuple[str, ...] = ()
+    held_as = class_name
+    if alternative_class_names:
+        # The engine books a device by the class it is held as (status.className while
+        # Bound or Lost); without alternatives that is always spec.className.
+        choices = (class_name, *alternative_class_names)
+        if status_class_name and phase_ is not e.Phase.PENDING:
+            held_as = status_class_name
     return e.Device(
         namespace,
         name,
-        class_name,
+        held_as,
         vm_name,
         phase_,
         node,
@@ -58,6 +68,7 @@ def device_from(
         answer,
         created,
         dict(bind_node_selector or {}),
+        choices,
     )
 
 
@@ -143,6 +154,8 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "answer",
             "created",
             "bind_node_selector",
+            "alternative_class_names",
+            "status_class_name",
         ),
     ),
     "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),

@@ -26,11 +26,13 @@ def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
         {
             "namespace": d.namespace,
             "name": d.name,
+            # The held class while Bound or Lost, spec.className while Pending.
             "class": d.class_name,
             "vm": d.vm_name,
             "phase": d.phase.value,
             "node": d.node,
             "reason": d.reason,
+            **({"choices": list(d.choices)} if len(d.choices) > 1 else {}),
         }
         for d in sorted(cluster.devices, key=lambda d: d.key)
     ]

@@ -63,6 +63,7 @@ def device_status(device: e.Device) -> dict[str, Any]:
         "reason": device.reason,
         "answeredRequest": device.answered_request or None,
         "answer": device.answer or None,
+        "className": device.class_name if device.held else None,
     }
 
 

@@ -43,7 +43,7 @@ from usage.records import record_usage
 log = logging.getLogger(__name__)
 
 #: The fields a pass may write on a device.
-PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer")
+PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer", "status_class_name")
 
 ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,
@@ -266,15 +266,21 @@ def write_result(
         setattr(run, outcome.value, result.counts.get(outcome.value, 0))
 
 
+def held_as(device: e.Device) -> str:
+    """``status.className``: the class a Bound or Lost device is held as; empty while Pending."""
+    return device.class_name if device.held else ""
+
+
 def _write_postgresql(run: models.PassRun, result: PassResult, changed: list[tuple[int, e.Device]]) -> None:
     with connection.cursor() as cursor:
         raw = cursor.cursor  # psycopg's own cursor: arrays and COPY
         if changed:
             raw.execute(
                 "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
-                " answered_request = v.answered_request, answer = v.answer"
+                " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"
                 " FROM unnest(%s::bigint[], %s::varchar[], %s::varchar[], %s::timestamptz[], %s::text[],"
-                " %s::varchar[], %s::text[]) AS v(id, phase, node, since, reason, answered_request, answer)"
+                " %s::varchar[], %s::text[], %s::varchar[])"
+                " AS v(id, phase, node, since, reason, answered_request, answer, held_as)"
                 " WHERE d.id = v.id",
                 [
                     [i for i, _ in changed],
@@ -284,6 +290,7 @@ def _write_postgresql(run: models.PassRun, result: PassResult, changed: list[tup
                     [d.reason for _, d in changed],
                     [d.answered_request for _, d in changed],
                     [d.answer for _, d in changed],
+                    [held_as(d) for _, d in changed],
                 ],
             )
         if result.changes:
@@ -328,6 +335,7 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
             reason=d.reason,
             answered_request=d.answered_request,
             answer=d.answer,
+            status_class_name=held_as(d),
         )
         for row_id, d in changed
     ]

@@ -1,0 +1,227 @@
+"""Replay a real GPU trace through the engine: how much capacity orders with alternatives fill.
+
+Not a test: it prints figures for the README. The trace is Alibaba's
+``cluster-trace-gpu-v2023`` (``bench/traces/alibaba-gpu-v2023``, see its SOURCE.md): a
+node list (GPU model and count per node) and pod lists, a third of whose whole-GPU pods
+name several GPU models they would accept.
+
+    .venv/bin/python bench/trace_replay.py \\
+        --nodes bench/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \\
+        --pods bench/traces/alibaba-gpu-v2023/openb_pod_list_gpuspec33.csv --demand 0.9,1.0 --json
+
+The whole-GPU tasks (``num_gpu >= 1`` and ``gpu_milli == 1000``) are taken in creation
+order, the list copied again as often as needed until the GPUs they ask for reach each
+demand level (a share of the nodes' GPUs). Each task is one order (one set of
+``num_gpu`` one-unit devices) and goes through the real engine's ``full_pass``, with one
+class per GPU model, one node per trace node and no budgets, in batches of about 1% of
+capacity per pass (a worker keeps its ledger and node cache between passes, as the
+binder does). Two modes: ``single_class`` (each task takes only the first model it names;
+a task that names none gets one by a round robin weighted by capacity) and
+``alternatives`` (the models it names, in that order; a task that names none accepts
+every model, by name). Per level and mode it prints the share of GPU capacity
+allocated, the tasks refused (still Pending at the end) and the engine time; with
+``--json`` one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from binder.engine import Cluster, Device, GpuClass, Node, Phase, full_pass, ledger_for
+from binder.engine.placement import NodeCache
+
+NAMESPACE = "trace"
+MODES = ("single_class", "alternatives")
+_START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One whole-GPU pod of the trace: how many GPUs and which models it names (maybe none)."""
+
+    name: str
+    gpus: int
+    models: tuple[str, ...]
+
+
+def _rows(path: Path) -> Iterator[dict[str, str]]:
+    """CSV rows of ``path``, or of ``path.gz`` when only the compressed copy is stored."""
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", newline="") as handle:
+            yield from csv.DictReader(io.StringIO(handle.read()))
+    else:
+        with path.open(newline="") as handle:
+            yield from csv.DictReader(handle)
+
+
+def read_nodes(path: Path) -> list[tuple[str, str, int]]:
+    """(node name, GPU model, GPUs) of every node with a GPU."""
+    nodes = [(row["sn"], row["model"], int(row["gpu"])) for row in _rows(path)]
+    return [n for n in nodes if n[2] > 0 and n[1]]
+
+
+def read_tasks(path: Path, known: set[str]) -> list[Task]:
+    """The whole-GPU tasks in creation order (file order breaks ties), models deduplicated
+    in the order named; models no node has are dropped."""
+    tasks: list[tuple[int, int, Task]] = []
+    for index, row in enumerate(_rows(path)):
+        gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+        if gpus < 1 or milli != 1000:
+            continue
+        named = [m for m in (row.get("gpu_spec") or "").split("|") if m in known]
+        models = tuple(dict.fromkeys(named))
+        tasks.append((int(row.get("creation_time") or 0), index, Task(row["name"], gpus, models)))
+    return [t for _, _, t in sorted(tasks, key=lambda t: (t[0], t[1]))]
+
+
+def demand_list(tasks: Sequence[Task], target: int) -> list[tuple[str, Task]]:
+    """Tasks in order, the list copied again as often as needed, until the GPUs asked for
+    reach ``target``; each with a name unique across copies."""
+    out: list[tuple[str, Task]] = []
+    total, copy = 0, 0
+    while total < target and tasks:
+        for task in tasks:
+            if total >= target:
+                break
+            out.append((f"{task.name}-c{copy}", task))
+            total += task.gpus
+        copy += 1
+    return out
+
+
+def weighted_round_robin(weights: dict[str, int]) -> Iterator[str]:
+    """Smooth weighted round robin (deterministic): each name as often as its weight."""
+    current = dict.fromkeys(weights, 0)
+    total = sum(weights.values())
+    while True:
+        for name, weight in weights.items():
+            current[name] += weight
+        pick = max(sorted(current), key=lambda n: current[n])
+        current[pick] -= total
+        yield pick
+
+
+def class_of(model: str) -> str:
+    return model.lower()
+
+
+def replay(
+    nodes: Sequence[tuple[str, str, int]], orders: Sequence[tuple[str, Task]], mode: str
+) -> dict[str, float | int]:
+    """Run the orders through the engine in batches of ~1% of capacity; the figures."""
+    capacity: dict[str, int] = defaultdict(int)
+    for _, model, gpus in nodes:
+        capacity[model] += gpus
+    total = sum(capacity.values())
+    models = sorted(capacity)
+    classes = tuple(GpuClass(class_of(m), f"alibaba.com/{m}") for m in models)
+    engine_nodes = tuple(Node(name, {f"alibaba.com/{model}": gpus}) for name, model, gpus in nodes)
+    rr = weighted_round_robin({m: capacity[m] for m in models})
+    every = tuple(class_of(m) for m in models)
+
+    base = Cluster(now=_START, classes=classes, nodes=engine_nodes)
+    ledger = ledger_for(base)
+    cache = NodeCache()
+    pending: set[tuple[str, str]] = set()
+    batch_size = max(1, total // 100)
+    engine_s = 0.0
+    index = 0
+    seq = 0
+    while index < len(orders):
+        asked = 0
+        while index < len(orders) and (asked == 0 or asked + orders[index][1].gpus <= batch_size):
+            vm, task = orders[index]
+            index += 1
+            asked += task.gpus
+            if mode == "single_class":
+                choices: tuple[str, ...] = ()
+                first = class_of(task.models[0]) if task.models else class_of(next(rr))
+            else:
+                named = tuple(class_of(m) for m in task.models) or every
+                first, choices = named[0], (named if len(named) > 1 else ())
+            created = _START + timedelta(seconds=seq)
+            seq += 1
+            devices = tuple(
+                Device(NAMESPACE, f"{vm}-g{i}", first, vm, created=created, choices=choices) for i in range(task.gpus)
+            )
+            ledger.commit((NAMESPACE, vm), devices)
+            pending.add((NAMESPACE, vm))
+        scope = sorted(pending)
+        view = Cluster(
+            now=_START + timedelta(seconds=seq),
+            classes=classes,
+            nodes=engine_nodes,
+            devices=tuple(d for key in scope for d in ledger.devices(key)),
+        )
+        started = time.perf_counter()
+        full_pass(view, ledger, cache, scope)
+        engine_s += time.perf_counter() - started
+        pending = {key for key in scope if any(d.phase is not Phase.BOUND for d in ledger.devices(key))}
+    bound = sum(units for resource_units in ledger.device_booked.values() for units in resource_units.values())
+    return {
+        "allocated_pct": round(100.0 * bound / total, 2),
+        "refused": len(pending),
+        "engine_s": round(engine_s, 3),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=Path, required=True, help="node list CSV (sn, gpu, model)")
+    parser.add_argument("--pods", type=Path, required=True, help="pod list CSV (num_gpu, gpu_milli, gpu_spec, ...)")
+    parser.add_argument("--demand", default="0.9,1.0", help="comma-separated demand levels (share of GPU capacity)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
+    args = parser.parse_args(argv)
+    tokens = [x.strip() for x in args.demand.split(",") if x.strip()]
+    try:
+        levels = [float(x) for x in tokens]
+    except ValueError:
+        parser.error(f"--demand must be comma-separated numbers, got {args.demand!r}")
+    if not levels or any(level <= 0 for level in levels):
+        parser.error("--demand needs at least one level above 0")
+    nodes = read_nodes(args.nodes)
+    if not nodes:
+        parser.error(f"{args.nodes}: no node with a GPU")
+    tasks = read_tasks(args.pods, {model for _, model, _ in nodes})
+    if not tasks:
+        parser.error(f"{args.pods}: no whole-GPU task")
+    capacity = sum(gpus for _, _, gpus in nodes)
+    with_models = sum(1 for t in tasks if len(t.models) > 1)
+    print(
+        f"{len(nodes)} nodes, {capacity} GPUs; {len(tasks)} whole-GPU tasks "
+        f"({sum(t.gpus for t in tasks)} GPUs), {with_models} naming several models"
+    )
+    print(f"{'demand':>6}  {'mode':<13} {'allocated':>9} {'refused':>8} {'engine s':>9}")
+    figures: dict[str, dict[str, dict[str, float | int]]] = {}
+    for token, level in zip(tokens, levels, strict=True):
+        orders = demand_list(tasks, round(level * capacity))
+        row: dict[str, dict[str, float | int]] = {}
+        for mode in MODES:
+            result = replay(nodes, orders, mode)
+            row[mode] = result
+            print(
+                f"{token:>6}  {mode:<13} {result['allocated_pct']:>8.2f}% {result['refused']:>8} "
+                f"{result['engine_s']:>9.3f}"
+            )
+        figures[token] = row
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

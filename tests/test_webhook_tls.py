@@ -344,6 +344,67 @@ def test_gunicorn_conf_refuses_cluster_mode_without_tls(monkeypatch: pytest.Monk
         gunicorn_conf(monkeypatch, GPUPLANE_WEB_WORKERS="0")
 
 
+WEBHOOK_SERVER = ROOT / "deploy" / "webhook_server.py"
+SERVING_VARIABLES = (
+    "GPUPLANE_TLS_CERT_FILE", "GPUPLANE_TLS_KEY_FILE", "GPUPLANE_CLUSTER", "GPUPLANE_WEB_WORKERS",
+    "GPUPLANE_WEBHOOK_WORKERS", "GPUPLANE_WEBHOOK_AUTH", "GPUPLANE_WEBHOOK_BIND",
+)  # fmt: skip
+
+
+def webhook_server_refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    """What ``deploy/webhook_server.py`` refuses to start with, as the line it prints."""
+    for name in SERVING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    namespace = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")
+    with pytest.raises((RuntimeError, SystemExit)) as refused:
+        namespace["options"]()
+    return str(refused.value)
+
+
+def gunicorn_refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    with pytest.raises(RuntimeError) as refused:
+        gunicorn_conf(monkeypatch, **env)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cluster mode without TLS", "a certificate without its key", "files that are not there", "a size of 0",
+     "a size that is no number"],
+)  # fmt: skip
+def test_both_servers_refuse_the_same_settings_with_the_same_words(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
+) -> None:
+    """The API's gunicorn and the webhook server check their TLS files and sizes with one
+    module (deploy/serving.py), so an operator reads one message for one mistake."""
+    (tmp_path / "tls.crt").write_text("x")
+    env = {
+        "cluster mode without TLS": {"GPUPLANE_CLUSTER": "kubernetes"},
+        "a certificate without its key": {"GPUPLANE_TLS_CERT_FILE": str(tmp_path / "tls.crt")},
+        "files that are not there": {
+            "GPUPLANE_TLS_CERT_FILE": str(tmp_path / "x.crt"), "GPUPLANE_TLS_KEY_FILE": str(tmp_path / "x.key"),
+        },
+        "a size of 0": {"WORKERS": "0"},
+        "a size that is no number": {"WORKERS": "two"},
+    }[case]  # fmt: skip
+    web = {("GPUPLANE_WEB_WORKERS" if k == "WORKERS" else k): v for k, v in env.items()}
+    webhook = {("GPUPLANE_WEBHOOK_WORKERS" if k == "WORKERS" else k): v for k, v in env.items()}
+    expected = gunicorn_refusal(monkeypatch, **web).replace("GPUPLANE_WEB_WORKERS", "GPUPLANE_WEBHOOK_WORKERS")
+    assert webhook_server_refusal(monkeypatch, **webhook) == expected
+
+
+def test_the_webhook_server_stops_with_one_line_naming_the_setting(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in SERVING_VARIABLES}
+    env["GPUPLANE_WEBHOOK_WORKERS"] = "0"
+    done = subprocess.run(
+        [sys.executable, str(WEBHOOK_SERVER)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip() == "gpuplane: cannot start: GPUPLANE_WEBHOOK_WORKERS='0' must be at least 1"
+
+
 # -- end to end: gunicorn serving HTTPS ------------------------------------------------------
 
 

@@ -87,10 +87,18 @@ def env_log_level(name: str, default: str) -> str:
 
 
 def _secret_key() -> str:
-    """DJANGO_SECRET_KEY, else a random key kept in var/ (embedded mode only)."""
-    key = os.environ.get("DJANGO_SECRET_KEY")
+    """DJANGO_SECRET_KEY, else a random key kept in var/ (embedded mode only).
+
+    Surrounding whitespace is stripped, as for every secret here: a key pasted with a
+    trailing newline into one pod's Secret and without it into another's would sign
+    sessions and CSRF tokens the other pods reject. A key that is only whitespace is an
+    error, not a reason to fall back to a random one."""
+    raw = os.environ.get("DJANGO_SECRET_KEY", "")
+    key = raw.strip()
     if key:
         return key
+    if raw:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is only whitespace")
     path = VAR_DIR / "secret_key"
     try:
         return path.read_text().strip()

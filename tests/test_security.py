@@ -100,6 +100,23 @@ def test_the_secret_key_comes_from_the_environment() -> None:
     assert out.stdout.strip() == env["DJANGO_SECRET_KEY"]
 
 
+def test_the_secret_key_is_stripped_of_surrounding_whitespace() -> None:
+    """A key pasted with a newline (``--from-file``, an editor) signs what the other pods
+    check; a key of whitespace alone stops start-up instead of falling back to a random one."""
+    code = "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='gpuplane.settings'; django.setup(); " \
+           "from django.conf import settings; print(repr(settings.SECRET_KEY))"  # fmt: skip
+    key = "from-the-environment-" + "y" * 40
+    env = {**os.environ, "DJANGO_SECRET_KEY": f"  {key}\n"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr(key)
+    blank = subprocess.run(
+        [sys.executable, "manage.py", "check"], env={**env, "DJANGO_SECRET_KEY": " \n"}, cwd=ROOT,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert blank.returncode != 0
+    assert "DJANGO_SECRET_KEY is only whitespace" in blank.stderr and "Traceback" not in blank.stderr
+
+
 SECRET_PATTERNS = {
     "private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----\s*\n[A-Za-z0-9+/=]{40,}"),
     "API token": re.compile(r"\bgpp_[0-9a-f]{64}\b"),

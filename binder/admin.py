@@ -24,7 +24,7 @@ from binder import apiserver, models
 from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
-from binder.reports.explanations import explanation_html, explanations_now
+from binder.reports.explanations import explanation_html, explanation_of
 from binder.reports.formatting import age, duration_ms, duration_s, iso
 
 
@@ -229,12 +229,12 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
-    # -- issue 18 item 1: why a Lost or Pending device's set does not fit, worked out now --
+    # -- why a Lost or Pending device's set does not fit, worked out now --
     @admin.display(description="why not placed, now")
     def placement_explanation(self, obj: models.GpuDevice) -> str:
         if obj.pk is None or obj.phase == models.Phase.BOUND:
             return "-"
-        why = explanations_now(timezone.now()).get((obj.namespace.name, obj.vm_name))
+        why = explanation_of((obj.namespace.name, obj.vm_name), timezone.now())
         return explanation_html(why) if why else "-"
 
     @admin.display(description="why is this GPU here?")

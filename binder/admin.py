@@ -1,6 +1,6 @@
 """The staff admin: where every GPU is, what is Lost and why, and the pass history.
 
-Placement fields are read-only here: the binder is their only writer (SPEC §4), so
+Placement fields are read-only here: the binder is their only writer, so
 staff change placement by changing the cluster (nodes, classes, budgets) or by asking
 for a pass, never by editing a device's node by hand.
 """
@@ -84,7 +84,7 @@ class AuditAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class MirrorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """A mirrored cluster object. In cluster mode the API server owns it and the sync
     writes the row, so a hand edit would be overwritten (or, worse, decided on until then):
-    read-only. In standalone mode the database is the source of truth (SPEC §1) and staff
+    read-only. In standalone mode the database is the source of truth and staff
     edit it here, except the fields the binder or the webhook own (``readonly_fields``)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -206,7 +206,7 @@ class GpuDeviceAdmin(MirrorAdmin):
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "namespace__name", "node", "reason"]
     list_select_related = ["namespace"]
-    # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
+    # placement belongs to the binder and bind_request to the webhook
     readonly_fields = [
         "phase",
         "node",
@@ -229,6 +229,7 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
+
     # -- why a Lost or Pending device's set does not fit, worked out now --
     @admin.display(description="why not placed, now")
     def placement_explanation(self, obj: models.GpuDevice) -> str:

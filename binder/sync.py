@@ -23,7 +23,7 @@ units again. Deletions always apply.
 What is kept: GPU and GPUClass objects that are being deleted count as gone (their
 units are released by the next pass); one that still carries gpuplane's finalizer is
 noted (``FinalizerRelease``) in the same transaction that drops its row, and the full
-pass that sees the row gone removes the finalizer after its commit (SPEC §6). Pods only
+pass that sees the row gone removes the finalizer after its commit. Pods only
 while they request a GPU resource. An object that does not parse (a NUL in a
 field, a bind request over 128 characters, ...) is refused at the parser, logged with the
 object and field, counted (``SyncStatus.invalid``, ``last_invalid``) and never stops the
@@ -60,7 +60,7 @@ SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInsta
 
 
 def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
-    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
+    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it.
 
     Written with the object's resourceVersion: on a conflict the object changed and
     its next event brings it back here. The object the write returned is mirrored at

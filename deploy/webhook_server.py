@@ -8,7 +8,7 @@ Why granian and not the API's gunicorn: the webhook has ``failurePolicy: Fail``,
 it does not answer no VMI in the cluster can be created. gunicorn's threaded workers give
 each connection a thread from the moment it is accepted: 20 sockets that trickle one header
 line every 2 s held all 2 × 8 threads, and ``/healthz`` timed out (``bench/slow_clients.py``;
-the README's *Serving the webhook* has the figures). granian reads requests in its Rust
+docs/webhook.md has the figures). granian reads requests in its Rust
 event loop and hands Python only complete ones, with a deadline for the whole header
 (``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS``, default 5 s, after which it closes the socket) and
 a bound on connections in progress per worker (``GPUPLANE_WEBHOOK_BACKPRESSURE``); 200 such

@@ -1,4 +1,4 @@
-"""The VMI's node selector on demand (SPEC §5 step 4, issue 15).
+"""The VMI's node selector on demand.
 
 The webhook writes the VMI's own ``spec.nodeSelector`` with the bind request
 (``gpuplane.io/bind-node-selector``, JSON); while the request is unanswered the binder, in an

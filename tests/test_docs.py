@@ -136,7 +136,9 @@ def test_every_manage_py_command_shown_exists(page: Path) -> None:
 def test_every_make_target_shown_exists(page: Path) -> None:
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([a-z][a-z0-9-]*)\s*:(?!=)", makefile, re.MULTILINE))
-    shown = {m for line in code_lines(page.read_text()) for m in re.findall(r"(?<![\w-])make\s+([a-z][a-z0-9-]*)", line)}
+    shown = {
+        m for line in code_lines(page.read_text()) for m in re.findall(r"(?<![\w-])make\s+([a-z][a-z0-9-]*)", line)
+    }
     assert sorted(shown - targets) == []
 
 

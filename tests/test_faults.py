@@ -1,4 +1,4 @@
-"""Faults with real parts (issue 8, item 2): what the webhook answers, and what the next passes restore.
+"""Faults with real parts: what the webhook answers, and what the next passes restore.
 
 Four faults, one test each, against the real parts of a deployment:
 
@@ -19,7 +19,7 @@ lost or duplicated: every record from before the fault is still there (closed on
 unchanged, open ones changed only by being closed), no two records of one subject
 overlap, and every record belongs to a pass that committed. The figures (answers by
 kind, slowest answer against the wait, passes until the invariants held, records) are
-printed per fault; README "Reliability / Faults" quotes them.
+printed per fault; docs/testing.md ("Faults") quotes them.
 
 Tests 1-3 start real processes (gunicorn, ``celery worker``) and run on PostgreSQL
 only, like ``tests/test_worker.py`` (the PostgreSQL run sets GPUPLANE_FORBID_SKIPS=1);
@@ -265,7 +265,7 @@ def violations() -> list[str]:
 
     A set is whole when its held members (Bound or Lost) share one phase and node, as in
     the engine's property tests (tests/engine_invariants.py): Pending members may sit next
-    to them, with a reason (SPEC §4 step 1: new members that cannot grow on the set's node
+    to them, with a reason (new members that cannot grow on the set's node
     stay Pending); ``partly_pending`` lists those sets.
     """
     problems = []
@@ -438,7 +438,7 @@ def orders(count: int) -> list[tuple[str, str, list[str]]]:
 def assert_rebuilt_then_verified(mark: int) -> list[tuple[str, int | None]]:
     """After a fault the next worker's first pass read everything again (its in-memory
     state cannot be proven current), and every later pass's verification (the test
-    workers verify every pass) found no difference from a rebuild (issue 14)."""
+    workers verify every pass) found no difference from a rebuild."""
     runs = list(models.PassRun.objects.filter(id__gt=mark).order_by("id").values_list("view", "verify_mismatches"))
     assert runs and runs[0][0] == "rebuilt", runs
     assert all(not mismatches for _, mismatches in runs), runs

@@ -1,4 +1,4 @@
-"""The change feed and the worker's in-memory state (issue 14, SPEC §4 Freshness).
+"""The change feed and the worker's in-memory state.
 
 - Every write path to a mirrored table leaves a feed entry in the same transaction
   (enumerated below: the ORM, bulk paths, raw SQL, the mirror writers the sync and
@@ -423,7 +423,7 @@ def test_a_full_pass_prunes_the_entries_it_applied_and_keeps_its_mark() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_pass_skips_only_its_own_writes_in_the_feed() -> None:
     """The entries of a pass's own status writes are skipped by the next catch-up; a change
-    another writer makes to the same rows after it is still read (SPEC §4 Freshness)."""
+    another writer makes to the same rows after it is still read."""
     load_objects(small())
     state = ClusterState()
     first = run_pass(models.PassKind.FULL, state)

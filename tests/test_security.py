@@ -1,4 +1,4 @@
-"""Security properties (issue 8): isolation on every endpoint, a staff-only admin with
+"""Security properties: isolation on every endpoint, a staff-only admin with
 CSRF, secrets only from the environment, nothing secret in the repository.
 
 These tests enumerate what exists (the OpenAPI paths, the admin's URLs, the tracked

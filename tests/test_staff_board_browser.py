@@ -1,4 +1,4 @@
-"""The staff console in a real browser (issue 18): a Lost set explained and Bound again in
+"""The staff console in a real browser: a Lost set explained and Bound again in
 at most 5 clicks, the board at 1,000 nodes paged, keyboard navigation, a phone-sized run
 and axe-core accessibility scans, on Debian's Chromium driven by Playwright.
 

@@ -1,4 +1,4 @@
-"""Lost and Pending sets explained on the staff pages (issue 18 item 1), on the demo
+"""Lost and Pending sets explained on the staff pages, on the demo
 cluster: the board's Lost and Pending lists, the Lost sets view and the device page say
 what a set needs, the largest gap, who holds the rest, what would fit, and flag the
 VMI's NotReady node."""

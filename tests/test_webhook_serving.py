@@ -1,4 +1,4 @@
-"""The webhook stays up and serves only the kube-apiserver (issue 17, SPEC §5).
+"""The webhook stays up and serves only the kube-apiserver.
 
 Real servers over real sockets: ``deploy/webhook_server.py`` (granian, the production
 config) on a free loopback port, over HTTPS with certificates from ``manage.py

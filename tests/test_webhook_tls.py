@@ -1,4 +1,4 @@
-"""Serving the VMI webhook over TLS in cluster mode (issue 4, item 4).
+"""Serving the VMI webhook over TLS in cluster mode.
 
 ``manage.py webhook_cert`` is checked the way the kube-apiserver would check its output
 (the serving certificate verifies against the printed caBundle for the Service's DNS
@@ -235,7 +235,7 @@ def test_mutating_webhook_configuration() -> None:
     assert isinstance(hook["clientConfig"]["caBundle"], str) and hook["clientConfig"]["caBundle"]
     assert resolve(service["path"]).func.view_class is VmiAdmissionView
 
-    # The values admissionregistration/v1 allows (NOTES.md), and the ones SPEC §5 needs.
+    # The values admissionregistration/v1 allows (NOTES.md), and the ones gpuplane needs.
     assert hook["failurePolicy"] == "Fail"
     assert isinstance(hook["timeoutSeconds"], int) and 1 <= hook["timeoutSeconds"] <= 30
     assert hook["timeoutSeconds"] == 10

@@ -81,7 +81,7 @@ def test_an_answer_pass_runs_right_after_the_running_pass_before_the_next_full_p
 def test_a_queued_full_pass_waits_behind_a_stream_of_answer_passes_at_most_the_max_delay(
     start_worker: Callable[..., Worker], broker: redis.Redis, max_delay: float, starves: bool
 ) -> None:
-    """SPEC §4 fairness: answer passes go first, but a full pass queued during a stream of them
+    """Fairness: answer passes go first, but a full pass queued during a stream of them
     runs within GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS (plus the pass in flight). With a delay
     longer than the stream it waits for the whole stream: the setting is what bounds it."""
     _cluster(orders=2)

@@ -31,7 +31,7 @@ from binder.kube import client as kube_client
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
-from tests import workers
+from tests import databases, workers
 from tests.browsing import launch_chromium, load_demo, new_page
 from tests.clock import Clock
 from tests.factories import two_tenants
@@ -44,6 +44,16 @@ from tests.staff_cluster import load_staff_cluster
 # code, not the luck of the draw. Loaded here, before any test module builds its settings.
 hypothesis_settings.register_profile("ci", derandomize=True)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:
+    """On PostgreSQL every test database (one per xdist worker) is a copy of one migrated
+    template (tests/databases.py) instead of a migration from nothing."""
+    db = django_settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        with django_db_blocker.unblock():
+            db.setdefault("TEST", {})["TEMPLATE"] = databases.migrated_template(db)
 
 
 @pytest.fixture(autouse=True)

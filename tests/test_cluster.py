@@ -319,6 +319,7 @@ def test_a_409_gets_that_one_object_and_the_next_pass_writes_against_it(apiserve
     assert run_pass("full").devices_written == 0
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_watch_that_delays_or_loses_the_binders_writes_never_double_books(
@@ -500,6 +501,7 @@ def test_webhook_denies_clearly_when_the_api_server_refuses_the_bind_request(
 # -- RBAC: granted == called ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiServer, client: Any) -> None:
     """Drive every cluster code path against the emulator, record each request as the

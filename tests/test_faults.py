@@ -489,6 +489,7 @@ def bind_requests_written(vms: list[tuple[str, str, list[str]]]) -> bool:
 # -- 1. the worker SIGKILLed mid-pass ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:
@@ -554,6 +555,7 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
 # -- 2. Redis restarted during a burst -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redis_restarted_during_a_webhook_burst(
     request: pytest.FixtureRequest,
     own_redis: OwnRedis,
@@ -621,6 +623,7 @@ def terminate_backends() -> tuple[int, int]:
     return holder, len(killed) - 1
 
 
+@pytest.mark.slow
 def test_postgresql_connections_dropped_mid_pass(
     request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:

@@ -457,6 +457,7 @@ def _manage(*args: str, **env: str) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_with_tls_check_deploy_has_no_hsts_or_cookie_warnings() -> None:
     secret = "k" * 60 + "-Zx9"
     done = _manage("check", "--deploy", GPUPLANE_TLS_CERT_FILE="/etc/tls/tls.crt", DJANGO_SECRET_KEY=secret,

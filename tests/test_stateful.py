@@ -1038,6 +1038,7 @@ def written_only(result: PassResult, mask: int) -> tuple[PassResult, bool]:
     return narrowed, len(written) == len(result.devices)
 
 
+@pytest.mark.slow
 def test_engine_machine() -> None:
     STEPS["engine"] = 0
     started = time.perf_counter()
@@ -1677,6 +1678,7 @@ MALFORMED = {
 assert sorted(MALFORMED) == sorted(MALFORMED_KINDS)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_database_machine(clock: Clock) -> None:
     STEPS["db"] = STEPS["malformed"] = 0

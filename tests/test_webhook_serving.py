@@ -124,6 +124,7 @@ OBJECTS = [
 # -- callers ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_token_policy_over_tls_serves_the_apiserver_and_tells_others_nothing(tmp_path: Path, migrated: Path) -> None:
     certs = _certs(tmp_path / "tls")
     env = _database(tmp_path, OBJECTS, migrated) | {
@@ -179,6 +180,7 @@ def _client_ca(out: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
+@pytest.mark.slow
 def test_client_certificate_policy_refuses_the_handshake_without_the_apiservers_certificate(
     tmp_path: Path, migrated: Path
 ) -> None:
@@ -220,6 +222,7 @@ def _trickle(port: int, stop: threading.Event, hung_up: list[int]) -> None:
         hung_up.append(1)
 
 
+@pytest.mark.slow
 def test_two_hundred_slow_clients_do_not_stop_reviews_or_probes(tmp_path: Path, migrated: Path) -> None:
     env = _database(tmp_path, OBJECTS, migrated) | {
         "GPUPLANE_WEBHOOK_AUTH": "none",

@@ -428,6 +428,7 @@ def vmi_review_without_gpus(uid: str) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_gunicorn_serves_the_api_over_tls_and_leaves_the_webhook_to_its_own_server(tmp_path: Path) -> None:
     """In cluster mode the API's gunicorn serves HTTPS, and the webhook only on the webhook
     server's port (tests/test_webhook_serving.py): here it answers 404, writing nothing."""

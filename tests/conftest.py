@@ -213,10 +213,30 @@ def server(broker: redis.Redis, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
+def _django_group(item: pytest.Item) -> int:
+    """pytest-django's order: 0 database tests, 1 transactional ones (they empty the
+    database after them), 2 the rest."""
+    names = set(getattr(item, "fixturenames", ()))
+    marker = item.get_closest_marker("django_db")
+    transactional = bool(marker and (marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")))
+    if transactional or names & {"transactional_db", "live_server"}:
+        return 1
+    return 0 if marker is not None or "db" in names else 2
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow tests first, each module's order kept: with two xdist processes a 30 s test
-    collected last would run alone at the end while the other process idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first: with two xdist processes a 30 s test collected last runs alone at
+    the end while the other process idles. Slow tests that use no test database go to
+    the very front; pytest-django's order of the others is kept, with the slow ones first
+    in their group (the sorts are stable)."""
+    items.sort(
+        key=lambda item: (
+            not (item.get_closest_marker("slow") and _django_group(item) == 2),
+            _django_group(item),
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -25,21 +25,31 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 demo: $(VENV)/.runtime
 	$(PY) manage.py demo --serve --addrport $(ADDRPORT)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; most tests wait on servers,
+# workers and sockets, so two share the 2-core machine well); TEST_WORKERS=0 runs it in one.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+
 ## test: the whole suite on SQLite (set DATABASE_URL to run it on PostgreSQL)
 test: $(VENV)/.dev
-	$(PY) -m pytest
+	$(PYTEST)
 
 ## test-postgres: the whole suite on the local PostgreSQL; skips count as failures
 test-postgres: $(VENV)/.dev
-	DATABASE_URL=$(PG_URL) GPUPLANE_FORBID_SKIPS=1 $(PY) -m pytest
+	DATABASE_URL=$(PG_URL) GPUPLANE_FORBID_SKIPS=1 $(PYTEST)
 
-## lint: ruff, the import contracts (.importlinter, see docs/ARCHITECTURE.md) and mypy --strict
+## check-docs: every command, Make target, bench flag and link the docs show exists; the settings table is complete
+.PHONY: check-docs
+check-docs: $(VENV)/.dev
+	$(PY) -m pytest -p no:cacheprovider tests/test_docs.py tests/test_settings_doc.py
+
+## lint: ruff, the import contracts (.importlinter, see docs/architecture.md) and mypy --strict
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
-## import-graph: modules, edges, binder's edges into other apps, and import cycles (docs/ARCHITECTURE.md)
+## import-graph: modules, edges, binder's edges into other apps, and import cycles (docs/architecture.md)
 .PHONY: import-graph
 import-graph: $(VENV)/.dev
 	$(PY) docs/import_graph.py

@@ -13,7 +13,7 @@ def main() -> None:
     try:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as exc:
-        # A setting that does not parse (SPEC §9): its name and value, not a traceback.
+        # A setting that does not parse: its name and value, not a traceback.
         sys.exit(f"gpuplane: cannot start: {exc}")
 
 

@@ -10,7 +10,7 @@ many of its calls failed, and how many slow sockets the server closed on its own
 
 Run it against ``gunicorn -c deploy/gunicorn.conf.py gpuplane.wsgi`` (the API server)
 and against ``python deploy/webhook_server.py`` (the webhook server) to compare; the
-README's *Serving the webhook* table comes from this script.
+table in docs/webhook.md (serving the webhook) comes from this script.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Benchmark the tenant usage API on PostgreSQL (issue 5): 1M usage records, 1,000 tenants.
+"""Benchmark the tenant usage API on PostgreSQL: 1M usage records, 1,000 tenants.
 
-Not a test: it prints a markdown table for the README. It drops and recreates its own
+Not a test: it prints a markdown table for docs/benchmarks.md. It drops and recreates its own
 database (``gpuplane_usage_bench`` by default, never ``test``), migrates it, and writes:
 
 * ``--records`` usage records (1,000,000) across ``--tenants`` namespaces (1,000); one

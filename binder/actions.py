@@ -211,7 +211,7 @@ class NodeActionOutcome:
         return "success"
 
 
-#: Cluster mode: the merge patch of each action (SPEC §4 step 2: drain is the label).
+#: Cluster mode: the merge patch of each action (drain is the label).
 NODE_PATCHES: dict[NodeAction, dict[str, Any]] = {
     NodeAction.CORDON: {"spec": {"unschedulable": True}},
     NodeAction.UNCORDON: {"spec": {"unschedulable": None}},

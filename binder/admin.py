@@ -1,6 +1,6 @@
 """The staff admin: where every GPU is, what is Lost and why, and the pass history.
 
-Placement fields are read-only here: the binder is their only writer (SPEC §4), so
+Placement fields are read-only here: the binder is their only writer, so
 staff change placement by changing the cluster (nodes, classes, budgets) or by asking
 for a pass, never by editing a device's node by hand.
 """
@@ -24,7 +24,7 @@ from binder import apiserver, models
 from binder.actions import full_pass_now, retry_lost_set, staff_trigger
 from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
-from binder.reports.explanations import explanation_html, explanations_now
+from binder.reports.explanations import explanation_html, explanation_of
 from binder.reports.formatting import age, duration_ms, duration_s, iso
 
 
@@ -84,7 +84,7 @@ class AuditAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class MirrorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """A mirrored cluster object. In cluster mode the API server owns it and the sync
     writes the row, so a hand edit would be overwritten (or, worse, decided on until then):
-    read-only. In standalone mode the database is the source of truth (SPEC §1) and staff
+    read-only. In standalone mode the database is the source of truth and staff
     edit it here, except the fields the binder or the webhook own (``readonly_fields``)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -206,7 +206,7 @@ class GpuDeviceAdmin(MirrorAdmin):
     list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "namespace__name", "node", "reason"]
     list_select_related = ["namespace"]
-    # placement belongs to the binder and bind_request to the webhook (SPEC §4, §5)
+    # placement belongs to the binder and bind_request to the webhook
     readonly_fields = [
         "status_class_name",
         "phase",
@@ -240,12 +240,13 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
-    # -- issue 18 item 1: why a Lost or Pending device's set does not fit, worked out now --
+
+    # -- why a Lost or Pending device's set does not fit, worked out now --
     @admin.display(description="why not placed, now")
     def placement_explanation(self, obj: models.GpuDevice) -> str:
         if obj.pk is None or obj.phase == models.Phase.BOUND:
             return "-"
-        why = explanations_now(timezone.now()).get((obj.namespace.name, obj.vm_name))
+        why = explanation_of((obj.namespace.name, obj.vm_name), timezone.now())
         return explanation_html(why) if why else "-"
 
     @admin.display(description="why is this GPU here?")

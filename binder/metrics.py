@@ -144,7 +144,7 @@ class DatabaseCollector(Collector):
         mismatches = CounterMetricFamily(
             "gpuplane_verify_mismatches",
             "Differences a verification found between the worker's incremental view and pass and a "
-            "rebuild from scratch (SPEC §4 Freshness); anything above 0 is a bug, logged with the objects.",
+            "rebuild from scratch; anything above 0 is a bug, logged with the objects.",
         )
         mismatches.add_metric([], sum(row.get("mismatches") or 0 for row in rows.values()))
         passes = CounterMetricFamily(

@@ -4,7 +4,7 @@ Callers never run a pass inline: they call :func:`queue_full_pass` or
 :func:`queue_answer_pass`, which publish after the current transaction commits (so
 the pass sees what the caller wrote), at most once per transaction.
 
-Collapse (SPEC §4): any number of events while a pass of a kind is queued add nothing.
+Collapse: any number of events while a pass of a kind is queued add nothing.
 A Redis key, set-if-absent when a pass is published and deleted when that pass starts,
 says "one is queued"; an event after the start publishes the next one, so nothing
 that happened after the pass read the cluster is missed. The key expires after
@@ -87,7 +87,7 @@ def release(kind: str) -> None:
 
 def full_pass_overdue() -> bool:
     """True when a full pass has been queued for longer than
-    ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS`` (SPEC §4): the next answer pass runs it first,
+    ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS``: the next answer pass runs it first,
     so moves, usage records and status do not starve under a stream of bind requests. A
     full pass waits behind answer passes by design (they go first in the queue); this bounds
     how long."""

@@ -1,4 +1,4 @@
-"""Every change of a mirrored object queues a full pass (SPEC §4: events collapse into one).
+"""Every change of a mirrored object queues a full pass (events collapse into one).
 
 Connected in ``BinderConfig.ready``. Bulk loads do not send model signals; the loaders
 queue their pass themselves.

@@ -23,7 +23,7 @@ units again. Deletions always apply.
 What is kept: GPU and GPUClass objects that are being deleted count as gone (their
 units are released by the next pass); one that still carries gpuplane's finalizer is
 noted (``FinalizerRelease``) in the same transaction that drops its row, and the full
-pass that sees the row gone removes the finalizer after its commit (SPEC §6). Pods only
+pass that sees the row gone removes the finalizer after its commit. Pods only
 while they request a GPU resource. An object that does not parse (a NUL in a
 field, a bind request over 128 characters, ...) is refused at the parser, logged with the
 object and field, counted (``SyncStatus.invalid``, ``last_invalid``) and never stops the
@@ -60,25 +60,35 @@ SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInsta
 
 
 def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
-    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it (SPEC §6).
+    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it.
 
     Written with the object's resourceVersion: on a conflict the object changed and
     its next event brings it back here. The object the write returned is mirrored at
     once (only its version moved): the binder's next status write then has the current
     version as its precondition instead of meeting a 409 until the event arrives.
+
+    A refused write is classified by ``binder.errors`` like every other API call: a
+    transient one waits for the object's next event; a permanent one (403 from RBAC
+    without ``patch``, 422) is logged as an error and counted on the kind's
+    ``SyncStatus`` (``errors``, ``last_error``), and the list or watch goes on. Raising it
+    would fail the whole list on every retry, so one object's refusal would stop the
+    kind being mirrored at all.
     """
     finalizers = kube_client.with_finalizer(obj)
     if finalizers is None or kind not in RELEASED_BY_BINDER:
         return
     meta = obj.get("metadata") or {}
+    name = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else str(meta.get("name"))
     try:
         stored = apiserver.api().set_finalizers(
             kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
         )
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        log.info("sync: finalizer on %s %s left for its next event: %s", kind, meta.get("name"), describe(exc))
+    except Exception as exc:  # noqa: BLE001 - classified by binder.errors; one object never stops the sync
+        if is_transient(exc):
+            log.info("sync: finalizer on %s %s left for its next event: %s", kind, name, describe(exc))
+            return
+        log.error("sync: finalizer on %s %s refused (%s, permanent)", kind, name, describe(exc))
+        record_status(kind, last_error=f"finalizer on {name}: {describe(exc)}"[:500], add={"errors": 1})
         return
     mirror_objects(kind, [stored], queue=False)
 

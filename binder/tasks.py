@@ -26,7 +26,7 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
     """Run one answer pass; returns the pass id.
 
     An answer pass that placed a set leaves usage records and class/budget status to
-    a full pass (SPEC §4), so it asks for one (collapsed like any event): the set's
+    a full pass, so it asks for one (collapsed like any event): the set's
     usage record then opens within one pass of its binding.
     """
     release(PassKind.ANSWER)

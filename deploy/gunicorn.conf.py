@@ -26,51 +26,28 @@ well above the webhook's 10 s ``timeoutSeconds``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+# gunicorn loads this file by path, before the application: the repository root makes
+# deploy/serving.py (the checks the webhook server makes too) importable.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from deploy.serving import positive_int, tls_files  # noqa: E402
 
 TLS_PORT = 8443
 PLAIN_PORT = 8000
 
-
-def _positive_int(name: str, default: int) -> int:
-    raw = os.environ.get(name) or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise RuntimeError(f"{name}={raw!r} is not an integer") from None
-    if value < 1:
-        raise RuntimeError(f"{name}={raw!r} must be at least 1")
-    return value
-
-
-def _tls_files() -> tuple[str, str] | None:
-    cert = os.environ.get("GPUPLANE_TLS_CERT_FILE", "")
-    key = os.environ.get("GPUPLANE_TLS_KEY_FILE", "")
-    if not cert and not key:
-        if (os.environ.get("GPUPLANE_CLUSTER") or "standalone") == "kubernetes":
-            raise RuntimeError(
-                "GPUPLANE_CLUSTER=kubernetes needs TLS: the kube-apiserver calls the VMI webhook over HTTPS only. "
-                "Set GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE (e.g. /etc/gpuplane/tls/tls.crt and "
-                "/etc/gpuplane/tls/tls.key from the mounted Secret; `manage.py webhook_cert` makes a "
-                "development pair)."
-            )
-        return None
-    if not cert or not key:
-        raise RuntimeError("set both GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE, or neither")
-    for name, path in (("GPUPLANE_TLS_CERT_FILE", cert), ("GPUPLANE_TLS_KEY_FILE", key)):
-        if not Path(path).is_file():
-            raise RuntimeError(f"{name}={path!r}: no such file")
-    return cert, key
-
-
-_tls = _tls_files()
+_tls = tls_files()
 if _tls is not None:
-    certfile, keyfile = _tls
+    certfile, keyfile = (str(path) for path in _tls)
 
 bind = [os.environ.get("GPUPLANE_BIND") or f"0.0.0.0:{TLS_PORT if _tls else PLAIN_PORT}"]
-workers = _positive_int("GPUPLANE_WEB_WORKERS", 2)
+workers = positive_int("GPUPLANE_WEB_WORKERS", 2)
 worker_class = "gthread"
-threads = _positive_int("GPUPLANE_WEB_THREADS", 8)
+threads = positive_int("GPUPLANE_WEB_THREADS", 8)
 #: Worker heartbeat timeout: far above the webhook's 10 s timeoutSeconds.
 timeout = 30
 graceful_timeout = 20

@@ -8,7 +8,7 @@ Why granian and not the API's gunicorn: the webhook has ``failurePolicy: Fail``,
 it does not answer no VMI in the cluster can be created. gunicorn's threaded workers give
 each connection a thread from the moment it is accepted: 20 sockets that trickle one header
 line every 2 s held all 2 × 8 threads, and ``/healthz`` timed out (``bench/slow_clients.py``;
-the README's *Serving the webhook* has the figures). granian reads requests in its Rust
+docs/webhook.md has the figures). granian reads requests in its Rust
 event loop and hands Python only complete ones, with a deadline for the whole header
 (``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS``, default 5 s, after which it closes the socket) and
 a bound on connections in progress per worker (``GPUPLANE_WEBHOOK_BACKPRESSURE``); 200 such
@@ -37,55 +37,33 @@ import os
 import sys
 from pathlib import Path
 
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)  # the repository root: gpuplane.wsgi and deploy.serving
+
+from deploy.serving import ServingError, existing_file, positive_int, tls_files  # noqa: E402
+
 TLS_PORT = 8443
 PLAIN_PORT = 8001
 
 
-def _positive_int(name: str, default: int) -> int:
-    raw = os.environ.get(name) or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not an integer") from None
-    if value < 1:
-        raise SystemExit(f"{name}={raw!r} must be at least 1")
-    return value
-
-
-def _file(name: str) -> Path | None:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return None
-    path = Path(raw)
-    if not path.is_file():
-        raise SystemExit(f"{name}={raw!r}: no such file")
-    return path
-
-
 def options() -> dict[str, object]:
-    """Granian's keyword arguments from the environment (raises SystemExit naming the variable)."""
+    """Granian's keyword arguments from the environment (raises ServingError naming the variable)."""
     from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
 
-    cert, key = _file("GPUPLANE_TLS_CERT_FILE"), _file("GPUPLANE_TLS_KEY_FILE")
-    if (cert is None) != (key is None):
-        raise SystemExit("set both GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE, or neither")
-    cluster = (os.environ.get("GPUPLANE_CLUSTER") or "standalone") == "kubernetes"
-    if cluster and cert is None:
-        raise SystemExit(
-            "GPUPLANE_CLUSTER=kubernetes needs TLS: the kube-apiserver calls the VMI webhook over HTTPS only. "
-            "Set GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE (`manage.py webhook_cert` makes a development pair)."
-        )
+    tls_pair = tls_files()
+    cert, key = tls_pair if tls_pair is not None else (None, None)
     auth = os.environ.get("GPUPLANE_WEBHOOK_AUTH", "")
-    client_ca = _file("GPUPLANE_WEBHOOK_CLIENT_CA")
+    client_ca = existing_file("GPUPLANE_WEBHOOK_CLIENT_CA")
     if auth == "client-cert" and (client_ca is None or cert is None):
-        raise SystemExit(
+        raise ServingError(
             "GPUPLANE_WEBHOOK_AUTH=client-cert needs TLS and GPUPLANE_WEBHOOK_CLIENT_CA (the apiserver's CA)"
         )
     bind = os.environ.get("GPUPLANE_WEBHOOK_BIND") or (f"0.0.0.0:{TLS_PORT}" if cert else f"127.0.0.1:{PLAIN_PORT}")
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
-        raise SystemExit(f"GPUPLANE_WEBHOOK_BIND={bind!r} is not host:port")
+        raise ServingError(f"GPUPLANE_WEBHOOK_BIND={bind!r} is not host:port")
     tls: dict[str, object] = {}
     if cert is not None:
         tls = {"ssl_cert": cert, "ssl_key": key, "ssl_protocol_min": SSLProtocols.tls12}
@@ -97,12 +75,12 @@ def options() -> dict[str, object]:
         "port": int(port),
         "interface": Interfaces.WSGI,
         "http": HTTPModes.http1,
-        "workers": _positive_int("GPUPLANE_WEBHOOK_WORKERS", 2),
-        "blocking_threads": _positive_int("GPUPLANE_WEBHOOK_THREADS", 16),
-        "backpressure": _positive_int("GPUPLANE_WEBHOOK_BACKPRESSURE", 1024),
+        "workers": positive_int("GPUPLANE_WEBHOOK_WORKERS", 2),
+        "blocking_threads": positive_int("GPUPLANE_WEBHOOK_THREADS", 16),
+        "backpressure": positive_int("GPUPLANE_WEBHOOK_BACKPRESSURE", 1024),
         "backlog": 2048,
         "http1_settings": HTTP1Settings(
-            header_read_timeout=_positive_int("GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS", 5000), keep_alive=True
+            header_read_timeout=positive_int("GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS", 5000), keep_alive=True
         ),
         "log_access": True,
         **tls,
@@ -110,11 +88,14 @@ def options() -> dict[str, object]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: gpuplane.wsgi
     os.environ["GPUPLANE_SERVE"] = "webhook"  # read by gpuplane.settings in every worker
     from granian import Granian
 
-    Granian(**options()).serve()  # type: ignore[arg-type]
+    try:
+        served = options()
+    except ServingError as exc:
+        raise SystemExit(f"gpuplane: cannot start: {exc}") from None
+    Granian(**served).serve()  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

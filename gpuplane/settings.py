@@ -1,4 +1,4 @@
-"""Settings, read from the environment (SPEC §9) with safe defaults.
+"""Settings, read from the environment with safe defaults.
 
 Nothing is needed to start: with no variables set gpuplane runs embedded, on a SQLite
 file under ``var/`` with tasks in-process. Production sets ``DATABASE_URL``,
@@ -87,10 +87,18 @@ def env_log_level(name: str, default: str) -> str:
 
 
 def _secret_key() -> str:
-    """DJANGO_SECRET_KEY, else a random key kept in var/ (embedded mode only)."""
-    key = os.environ.get("DJANGO_SECRET_KEY")
+    """DJANGO_SECRET_KEY, else a random key kept in var/ (embedded mode only).
+
+    Surrounding whitespace is stripped, as for every secret here: a key pasted with a
+    trailing newline into one pod's Secret and without it into another's would sign
+    sessions and CSRF tokens the other pods reject. A key that is only whitespace is an
+    error, not a reason to fall back to a random one."""
+    raw = os.environ.get("DJANGO_SECRET_KEY", "")
+    key = raw.strip()
     if key:
         return key
+    if raw:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is only whitespace")
     path = VAR_DIR / "secret_key"
     try:
         return path.read_text().strip()
@@ -235,7 +243,7 @@ CELERY_BEAT_SCHEDULE = {
     "gpuplane-resync": {"task": "binder.resync", "schedule": float(GPUPLANE_RESYNC_SECONDS)},
 }
 
-# -- gpuplane (SPEC §9) --------------------------------------------------------------------
+# -- gpuplane --------------------------------------------------------------------
 GPUPLANE_CLUSTER = env_choice("GPUPLANE_CLUSTER", "standalone", ("standalone", "kubernetes"))
 GPUPLANE_ENABLED = env_bool("GPUPLANE_ENABLED", True)
 #: The largest AdmissionReview body the webhook reads (bytes). A VMI is at most etcd's
@@ -244,7 +252,7 @@ GPUPLANE_WEBHOOK_MAX_BYTES = env_int("GPUPLANE_WEBHOOK_MAX_BYTES", 3 * 1024 * 10
 #: Is the VMI webhook served at all? On in cluster mode (where the apiserver calls it on
 #: the webhook server's own port), off in standalone mode unless turned on.
 GPUPLANE_WEBHOOK_ENABLED = env_bool("GPUPLANE_WEBHOOK_ENABLED", GPUPLANE_CLUSTER == "kubernetes")
-#: Who may call the webhook (SPEC §5: only the kube-apiserver): "token" (the bearer token
+#: Who may call the webhook (only the kube-apiserver): "token" (the bearer token
 #: the apiserver's AdmissionConfiguration kubeconfig sends, GPUPLANE_WEBHOOK_TOKEN_FILE),
 #: "client-cert" (the webhook server verifies the apiserver's TLS client certificate
 #: against GPUPLANE_WEBHOOK_CLIENT_CA before any byte reaches Django), or "none" (no check:
@@ -273,7 +281,7 @@ def _webhook_token() -> str:
     if serves and GPUPLANE_WEBHOOK_ENABLED and GPUPLANE_WEBHOOK_AUTH == "token" and len(token) < 32:
         raise ImproperlyConfigured(
             "GPUPLANE_WEBHOOK_AUTH=token needs a token of at least 32 characters in GPUPLANE_WEBHOOK_TOKEN_FILE "
-            "(or GPUPLANE_WEBHOOK_TOKEN); the kube-apiserver sends it (see the README: Serving the webhook), "
+            "(or GPUPLANE_WEBHOOK_TOKEN); the kube-apiserver sends it (see docs/webhook.md, who may call), "
             "or set GPUPLANE_WEBHOOK_AUTH=client-cert / none"
         )
     return token
@@ -300,9 +308,9 @@ GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
 #: Billing rates per class (or raw resource) key per GPU-hour for the usage chart's ranked
 #: table and billing CSV, e.g. "h100=2.50,a10=0.60"; the page's "rates" field overrides it.
 GPUPLANE_BILLING_RATES = os.environ.get("GPUPLANE_BILLING_RATES", "")
-#: A queued full pass waits behind answer passes at most this long (SPEC §4 fairness).
+#: A queued full pass waits behind answer passes at most this long.
 GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS", 5.0)
-#: SPEC §4 Freshness: every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,
+#: Every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,
 #: runs the engine both ways and compares (0: every pass; the tests use it).
 GPUPLANE_VERIFY_SECONDS = env_int("GPUPLANE_VERIFY_SECONDS", 600)
 #: A pass worker not seen for this long no longer holds back the pruning of the change

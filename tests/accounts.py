@@ -1,6 +1,6 @@
 """Test users and API clients: tenants with namespace grants and knox tokens, and staff.
 
-Grants belong to tokens (issue 16): ``account`` remembers the namespaces a tenant is
+Grants belong to tokens: ``account`` remembers the namespaces a tenant is
 meant to read, and every token ``token_client`` makes for that user is granted them.
 """
 

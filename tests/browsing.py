@@ -59,7 +59,7 @@ def new_page(browser: Browser, **options: Any) -> Page:
 
 
 def readme_screenshot(target: Page | Locator, name: str) -> None:
-    """Refresh the README's ``docs/screenshots/<name>`` only with ``GPUPLANE_UPDATE_SCREENSHOTS=1``,
+    """Refresh the docs' ``docs/screenshots/<name>`` only with ``GPUPLANE_UPDATE_SCREENSHOTS=1``,
     so an ordinary test run never edits the checkout (the artifacts get a copy every run)."""
     if os.environ.get("GPUPLANE_UPDATE_SCREENSHOTS") != "1":
         return

@@ -75,10 +75,13 @@ class Follower:
         for runner in self.runners:
             runner.relist()
 
-    def follow(self, seconds: float = 1.0) -> None:
-        """Apply every event the watch delivers within ``seconds`` (per kind)."""
+    def follow(self, seconds: float = 1.0, kinds: tuple[str, ...] | None = None) -> None:
+        """Apply every event the watch delivers within ``seconds`` (per kind; ``kinds``:
+        only those, when the test changes nothing else: each kind's watch lasts at least
+        the API's one-second minimum, so following idle kinds is only waiting)."""
         for runner in self.runners:
-            runner.watch_until(time.monotonic() + seconds)
+            if kinds is None or runner.kind in kinds:
+                runner.watch_until(time.monotonic() + seconds)
 
 
 def gpu_lists(server: RunningApiServer) -> int:

@@ -31,7 +31,7 @@ from binder.kube import client as kube_client
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
-from tests import workers
+from tests import databases, workers
 from tests.browsing import launch_chromium, load_demo, new_page
 from tests.clock import Clock
 from tests.factories import two_tenants
@@ -44,6 +44,16 @@ from tests.staff_cluster import load_staff_cluster
 # code, not the luck of the draw. Loaded here, before any test module builds its settings.
 hypothesis_settings.register_profile("ci", derandomize=True)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:
+    """On PostgreSQL every test database (one per xdist worker) is a copy of one migrated
+    template (tests/databases.py) instead of a migration from nothing."""
+    db = django_settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        with django_db_blocker.unblock():
+            db.setdefault("TEST", {})["TEMPLATE"] = databases.migrated_template(db)
 
 
 @pytest.fixture(autouse=True)
@@ -201,6 +211,32 @@ def server(broker: redis.Redis, tmp_path: Path) -> Iterator[str]:
     """The webhook served by gunicorn (plain HTTP: TLS has its own test) on a free port: its URL."""
     with workers.serve_webhook(tmp_path) as url:
         yield url
+
+
+def _django_group(item: pytest.Item) -> int:
+    """pytest-django's order: 0 database tests, 1 transactional ones (they empty the
+    database after them), 2 the rest."""
+    names = set(getattr(item, "fixturenames", ()))
+    marker = item.get_closest_marker("django_db")
+    transactional = bool(marker and (marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")))
+    if transactional or names & {"transactional_db", "live_server"}:
+        return 1
+    return 0 if marker is not None or "db" in names else 2
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests first: with two xdist processes a 30 s test collected last runs alone at
+    the end while the other process idles. Slow tests that use no test database go to
+    the very front; pytest-django's order of the others is kept, with the slow ones first
+    in their group (the sorts are stable)."""
+    items.sort(
+        key=lambda item: (
+            not (item.get_closest_marker("slow") and _django_group(item) == 2),
+            _django_group(item),
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

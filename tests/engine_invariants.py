@@ -1,9 +1,9 @@
-"""The pure engine's world and its invariants, computed independently (SPEC §2-§4).
+"""The pure engine's world and its invariants, computed independently.
 
 tests/test_properties.py drives random worlds through passes and tests/test_stateful.py
 runs its state machines over them; both check every pass with the functions here. The
 accounting is written out again on purpose, with no engine Ledger: only ``launcher_of`` /
-``raw_usage`` for the launcher rule (SPEC §2 says it has exactly one implementation). The
+``raw_usage`` for the launcher rule (it has exactly one implementation). The
 invariants, numbered as in tests/test_properties.py, are one function each, so one engine
 bug cannot hide another. Standard library and the engine only: no Django.
 """
@@ -346,7 +346,7 @@ def apply_op(world: World, op: tuple[Any, ...]) -> None:  # noqa: C901 - one bra
 
 
 # --------------------------------------------------------------------------------------
-# Independent accounting (SPEC §3), written out here on purpose
+# Independent accounting, written out here on purpose
 # --------------------------------------------------------------------------------------
 
 
@@ -482,7 +482,7 @@ def node_booked(
     pods: Iterable[Pod],
     vmis: Mapping[tuple[str, str], Vmi],
 ) -> dict[str, Counter[str]]:
-    """SPEC §3 node booked units: devices Bound there plus its pods' raw usage for capacity."""
+    """A node's booked units: devices Bound there plus its pods' raw usage for capacity."""
     devices = list(devices)
     booked = device_units_on_nodes(devices, classes)
     sets: dict[tuple[str, str], list[Device]] = defaultdict(list)
@@ -498,7 +498,7 @@ def node_booked(
 
 def check_capacity_on_placement(step: Step) -> list[str]:
     """1b. Where a pass put more device units on a node, that node's booked units (devices and
-    pods, SPEC §3) fit its allocatable, unless its booked units did not grow (§4 step 4: the
+    pods) fit its allocatable, unless its booked units did not grow (the
     binder re-checks capacity at bind time, pods included, forged launchers in full)."""
     world, classes, pods = step.world, step.world.classes, step.cluster.pods
     devices_before = device_units_on_nodes(step.before.values(), classes)
@@ -533,7 +533,7 @@ def check_whole_sets(step: Step) -> list[str]:
 
 
 def check_pending_reasons(step: Step) -> list[str]:
-    """2b. Pending members next to held ones (SPEC §4 step 1) carry a reason."""
+    """2b. Pending members next to held ones carry a reason."""
     problems = []
     for key, members in step.sets().items():
         if any(d.phase in HELD for d in members):
@@ -632,7 +632,7 @@ def check_steady_state(step: Step) -> list[str]:
 
 
 def check_lost_before_orders(step: Step) -> list[str]:
-    """8. Lost sets are rebound before any new order (SPEC §4 step 3): no order bound in this
+    """8. Lost sets are rebound before any new order: no order bound in this
     pass sits on a node where a set still Lost would fit if that order were not there.
 
     Only sets without a launcher pod are judged (a launcher pod changes what a node can
@@ -679,7 +679,7 @@ def check_lost_before_orders(step: Step) -> list[str]:
 
 
 def check_answers(step: Step) -> list[str]:
-    """7. After a full pass no bind request is unanswered, and each answer matches the set (§4 step 5)."""
+    """7. After a full pass no bind request is unanswered, and each answer matches the set."""
     problems = []
     for key, members in step.sets().items():
         nodes = {d.node for d in members}

@@ -1,4 +1,4 @@
-"""The staff admin (SPEC §8): every page of the binder app on a loaded, passed cluster, the
+"""The staff admin: every page of the binder app on a loaded, passed cluster, the
 Lost sets view and its retry, the device's decision history, and who may get in at all."""
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ def tenant_token(db: Any) -> str:
 REAL_NAMES = {"t1": "vm1-gpu0", "t2": "vm9-gpu0"}
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms_and_never_fails(case: Any, tenant_token: str) -> None:

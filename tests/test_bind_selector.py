@@ -1,4 +1,4 @@
-"""The VMI's node selector on demand (SPEC §5 step 4, issue 15).
+"""The VMI's node selector on demand.
 
 The webhook writes the VMI's own ``spec.nodeSelector`` with the bind request
 (``gpuplane.io/bind-node-selector``, JSON); while the request is unanswered the binder, in an
@@ -149,3 +149,13 @@ def test_two_devices_asking_one_label_two_ways_match_no_node() -> None:
     assert all(d.answer.startswith(ANSWER_REFUSED) for d in result.devices)
     assert node("x", {H100: 1}).labels  # the shapes' nodes carry labels; the rule reads them
     assert gpu("t1", "g", "h100", "v").bind_node_selector == {}
+
+
+def test_a_label_asked_two_ways_is_refused_naming_both_values() -> None:
+    """The refusal says which values conflict, not a placeholder (and no NUL reaches the
+    reason the webhook denies with)."""
+    a = requested("vm", 1, {ZONE: "eu-west-1a"})[0]
+    b = e.Device("t1", "vm-gpu1", "h100", "vm", bind_request="r1", bind_node_selector={ZONE: "eu-west-1b"})
+    for device in answer_pass(_cluster(a, b)).devices:
+        assert f"{ZONE} (conflicting values eu-west-1a and eu-west-1b)" in device.answer
+        assert "\x00" not in device.answer and "\x00" not in device.reason

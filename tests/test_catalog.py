@@ -1,4 +1,4 @@
-"""The catalog of GPU options (SPEC §8): the pure engine function and the DRF endpoint.
+"""The catalog of GPU options: the pure engine function and the DRF endpoint.
 
 Objects are built from the real Kubernetes/KubeVirt captures (tests/shapes.py). The
 numbers must come from the engine's ledger and the shared launcher reader: a pod that

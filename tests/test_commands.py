@@ -1,4 +1,4 @@
-"""The management commands of SPEC §8: dump_state --json, run_pass [--answer-only], demo.
+"""The management commands: dump_state --json, run_pass [--answer-only], demo.
 
 Clusters are built from the real shapes (tests/shapes.py), written as a snapshot file and
 loaded with ``load_snapshot``, so every test runs the same path an operator does.

@@ -1,4 +1,4 @@
-"""``make demo`` checks its address before it touches anything (issue 18 item 10): a taken
+"""``make demo`` checks its address before it touches anything: a taken
 port, a host that is not this machine's or a malformed address is a clear error naming it
 and how to pick another, and the database and the staff login are left as they were."""
 

@@ -1,4 +1,4 @@
-"""The Kubernetes manifests in deploy/ (issue 6, items 1 and 5).
+"""The Kubernetes manifests in deploy/.
 
 Every overlay is rendered with ``kubectl kustomize``, as ``kubectl apply -k`` would render
 it. Built-in kinds are validated against the Kubernetes 1.32 OpenAPI schemas shipped by
@@ -838,7 +838,7 @@ def test_webhook_configuration_in_the_cluster_overlay() -> None:
 
 
 def test_an_operator_overlay_sets_image_ca_bundle_and_settings(tmp_path: Path) -> None:
-    """README "Run in a cluster": an overlay of the operator's own on top of the cluster one."""
+    """docs/operations.md, "Run in a cluster": an overlay of the operator's own on top of the cluster one."""
     ca_bundle = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
     site = tmp_path / "gpuplane-site"
     site.mkdir()

@@ -1,4 +1,4 @@
-"""SPEC §4: the binder's passes, step by step, on plain engine objects built from real shapes."""
+"""The binder's passes, step by step, on plain engine objects built from real shapes."""
 
 from __future__ import annotations
 

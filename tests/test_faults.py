@@ -1,4 +1,4 @@
-"""Faults with real parts (issue 8, item 2): what the webhook answers, and what the next passes restore.
+"""Faults with real parts: what the webhook answers, and what the next passes restore.
 
 Four faults, one test each, against the real parts of a deployment:
 
@@ -19,7 +19,7 @@ lost or duplicated: every record from before the fault is still there (closed on
 unchanged, open ones changed only by being closed), no two records of one subject
 overlap, and every record belongs to a pass that committed. The figures (answers by
 kind, slowest answer against the wait, passes until the invariants held, records) are
-printed per fault; README "Reliability / Faults" quotes them.
+printed per fault; docs/testing.md ("Faults") quotes them.
 
 Tests 1-3 start real processes (gunicorn, ``celery worker``) and run on PostgreSQL
 only, like ``tests/test_worker.py`` (the PostgreSQL run sets GPUPLANE_FORBID_SKIPS=1);
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings as django_settings
@@ -264,7 +265,7 @@ def violations() -> list[str]:
 
     A set is whole when its held members (Bound or Lost) share one phase and node, as in
     the engine's property tests (tests/engine_invariants.py): Pending members may sit next
-    to them, with a reason (SPEC §4 step 1: new members that cannot grow on the set's node
+    to them, with a reason (new members that cannot grow on the set's node
     stay Pending); ``partly_pending`` lists those sets.
     """
     problems = []
@@ -437,7 +438,7 @@ def orders(count: int) -> list[tuple[str, str, list[str]]]:
 def assert_rebuilt_then_verified(mark: int) -> list[tuple[str, int | None]]:
     """After a fault the next worker's first pass read everything again (its in-memory
     state cannot be proven current), and every later pass's verification (the test
-    workers verify every pass) found no difference from a rebuild (issue 14)."""
+    workers verify every pass) found no difference from a rebuild."""
     runs = list(models.PassRun.objects.filter(id__gt=mark).order_by("id").values_list("view", "verify_mismatches"))
     assert runs and runs[0][0] == "rebuilt", runs
     assert all(not mismatches for _, mismatches in runs), runs
@@ -445,9 +446,50 @@ def assert_rebuilt_then_verified(mark: int) -> list[tuple[str, int | None]]:
     return runs
 
 
+# -- a pass held mid-flight ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pass_held_before_its_writes() -> Iterator[psycopg.Connection[Any]]:
+    """Hold every pass at its first write, for as long as the test needs.
+
+    A connection of the test's own takes ``binder_passrun`` in SHARE mode: a pass takes the
+    pass lock, reads and decides, then waits at the insert of its record, before it writes
+    a device, a decision or a usage record, with its transaction open. The fault then hits
+    a pass that is certainly in flight, however loaded the machine is (a pass slowed by a
+    sleep could end before the fault on a busy machine, or start after it). Readers of
+    the table are not held (SHARE allows them); the webhook writes no pass record."""
+    holder = psycopg.connect(workers.database_url())
+    try:
+        holder.execute("LOCK TABLE binder_passrun IN SHARE MODE")
+        yield holder
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            holder.rollback()
+        holder.close()
+
+
+def pass_waiting_at_its_write() -> bool:
+    """True once a session holds the pass lock and waits for a lock (the held table)."""
+    holder = workers.pass_holder()
+    if holder is None:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [holder])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def bind_requests_written(vms: list[tuple[str, str, list[str]]]) -> bool:
+    """True once every call of the burst has written its bind request (it then waits)."""
+    names = [name for _ns, _vm, devices in vms for name in devices]
+    return models.GpuDevice.objects.filter(name__in=names).exclude(bind_request="").count() == len(names)
+
+
 # -- 1. the worker SIGKILLed mid-pass ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:
@@ -462,13 +504,16 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
     vms = orders(6)
     before, records, mark = placement(), history(), last_pass()
 
-    doomed = start_worker("doomed", delay=4.0)
-    workers.mirror_event()
-    workers.wait_for(lambda: workers.pass_holder() is not None)
-    burst = Burst(server, bodies(vms), spread=1.0)
-    time.sleep(0.5)
-    doomed.stop(signal.SIGKILL)
-    workers.wait_for(lambda: workers.pass_holder() is None)  # PostgreSQL rolled the pass back
+    doomed = start_worker("doomed")
+    with pass_held_before_its_writes():
+        workers.mirror_event()
+        workers.wait_for(pass_waiting_at_its_write)
+        burst = Burst(server, bodies(vms), spread=1.0)
+        workers.wait_for(lambda: bind_requests_written(vms))  # the calls wait for the binder
+        doomed.stop(signal.SIGKILL)
+    # Released: the killed worker's backend goes on to its insert, finds its client gone
+    # and rolls the pass back.
+    workers.wait_for(lambda: workers.pass_holder() is None)
     # Nothing half-written: no placement, no pass, no usage record from the killed pass.
     assert placement() == before
     assert passes_since(mark) == Counter()
@@ -510,6 +555,7 @@ def test_worker_sigkilled_mid_pass_during_a_webhook_burst(
 # -- 2. Redis restarted during a burst -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redis_restarted_during_a_webhook_burst(
     request: pytest.FixtureRequest,
     own_redis: OwnRedis,
@@ -577,6 +623,7 @@ def terminate_backends() -> tuple[int, int]:
     return holder, len(killed) - 1
 
 
+@pytest.mark.slow
 def test_postgresql_connections_dropped_mid_pass(
     request: pytest.FixtureRequest, server: str, start_worker: Callable[..., workers.Worker], broker: redis.Redis
 ) -> None:
@@ -587,13 +634,14 @@ def test_postgresql_connections_dropped_mid_pass(
     models.Node.objects.filter(pk=drained.pk).update(labels={**drained.labels, "gpuplane.io/drain": "true"})
     vms = orders(6)  # the mover and 6 orders for 6 units (n1: 2, n3: 4): one order refused
     records, mark = history(), last_pass()
-    worker = start_worker("w1", delay=1.0)
+    worker = start_worker("w1")
 
-    workers.mirror_event()  # a full pass that would move the mover (close and open records) and bind
-    workers.wait_for(lambda: workers.pass_holder() is not None)
-    burst = Burst(server, bodies(vms), spread=0.5)
-    time.sleep(0.4)
-    holder, others = terminate_backends()
+    with pass_held_before_its_writes():  # its connection is one of those dropped
+        workers.mirror_event()  # a full pass that would move the mover (close and open records) and bind
+        workers.wait_for(pass_waiting_at_its_write)
+        burst = Burst(server, bodies(vms), spread=0.5)
+        workers.wait_for(lambda: bind_requests_written(vms))  # the calls wait for the binder
+        holder, others = terminate_backends()
     during = burst.answers()
     kinds = check_answers(during, WAIT)
     workers.wait_for(lambda: "OperationalError" in worker.log.read_text(), timeout=10)

@@ -1,4 +1,4 @@
-"""Hostile and broken input (issue 8): clear errors naming what is wrong, nothing half-loaded.
+"""Hostile and broken input: clear errors naming what is wrong, nothing half-loaded.
 
 A snapshot cut off mid-file, objects with fields of the wrong type, a file over the
 size limit, and request bodies far over what a webhook call can be: every one gets an

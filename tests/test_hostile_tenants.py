@@ -1,4 +1,4 @@
-"""Hostile tenants and careless operators (issue 16): no object, field or file stops the
+"""Hostile tenants and careless operators: no object, field or file stops the
 binder, leaks another tenant's data, or injects into what staff open.
 
 Each test reproduces one finding of the issue and fails on the code before its fix.
@@ -243,7 +243,7 @@ def test_staff_without_the_view_permission_read_no_tenant_through_the_api(clock:
 def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node(admin_client: Any) -> None:
     """A pod requesting 200,000 units drew 200,000 cells (37 MiB); now at most MAX_CELLS per
     strip and a "+N" count. The rule for a pod with ``spec.nodeName`` on a NotReady node
-    (SPEC §2: "a pod not yet bound to a node counts ... on no node's capacity"): ``spec.nodeName``
+    ("a pod not yet bound to a node counts ... on no node's capacity"): ``spec.nodeName``
     *is* the binding, so the pod is bound to that node and counts on its capacity there,
     whatever its phase and the node's readiness (the kubelet may yet start it)."""
     from binder.mirror.snapshot import load_objects
@@ -457,6 +457,7 @@ def _manage(*args: str, **env: str) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_with_tls_check_deploy_has_no_hsts_or_cookie_warnings() -> None:
     secret = "k" * 60 + "-Zx9"
     done = _manage("check", "--deploy", GPUPLANE_TLS_CERT_FILE="/etc/tls/tls.crt", DJANGO_SECRET_KEY=secret,

@@ -1,4 +1,4 @@
-"""A first install (issue 15, items 2 and 6): what a user installs and builds from the repository.
+"""A first install: what a user installs and builds from the repository.
 
 The end-to-end proofs are CI scripts, because they need a fresh venv or podman:
 ``.ci/clean-venv-smoke`` (requirements.txt alone starts gunicorn, the worker, beat and

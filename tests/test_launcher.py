@@ -1,4 +1,4 @@
-"""SPEC §2: a pod is a VMI's launcher only when the VMI lists its UID in activePods.
+"""A pod is a VMI's launcher only when the VMI lists its UID in activePods.
 
 Objects come from the real KubeVirt captures (tests/shapes.py); the checks go through
 the engine's ledger, the same numbers the binder, dump_state and the catalog use.

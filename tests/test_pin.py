@@ -1,4 +1,4 @@
-"""The exact pin (SPEC §5 step 3, issue 15): the launcher pod must be schedulable where the GPUs are.
+"""The exact pin: the launcher pod must be schedulable where the GPUs are.
 
 On EKS a node named ``ip-172-31-44-68.eu-west-1.compute.internal`` carries
 ``kubernetes.io/hostname: ip-172-31-44-68``; a pin by node name matches no node and the

@@ -1,16 +1,16 @@
-"""Property tests of the pure binder engine (SPEC §2-§4).
+"""Property tests of the pure binder engine.
 
 Random clusters are built from the engine's plain dataclasses and driven through random
 sequences of changes (nodes failing, recovering, deleted, shrinking, drained, cordoned;
 sets ordered, grown, deleted; budgets changed; raw, launcher and forged pods appearing;
 half-failed writes) with a full pass after each round. After every pass the invariants
 below are recomputed *independently* from the resulting state: no engine Ledger, only
-``launcher_of`` / ``raw_usage`` for the launcher rule (SPEC §2 says it has exactly one
+``launcher_of`` / ``raw_usage`` for the launcher rule (it has exactly one
 implementation). The world, its changes, that accounting and the checks live in
 tests/engine_invariants.py, which tests/test_stateful.py shares.
 
 1. no node is over-booked by devices alone; and a node the pass put more devices on is
-   not over-booked by devices and pods together (SPEC §3 booked units);
+   not over-booked by devices and pods together (booked units);
 2. every set is whole (held members share phase and node; Pending members next to
    held ones carry a reason);
 3. no pass bound a set that took its tenant over budget on a key whose usage grew;
@@ -399,7 +399,7 @@ def pending(vm: str, name: str, class_name: str = "c0") -> Device:
 
 def test_regression_1_missing_class_member_of_bound_set() -> None:
     """ENGINE BUG 1 (invariants 2 and 5). A member whose class does not exist, added to a
-    Bound set, must be Pending with a reason saying so (SPEC §4 step 4). The engine first
+    Bound set, must be Pending with a reason saying so. The engine first
     tested left it Pending with an empty reason: ``grow`` skipped classless members and
     ``bind_order`` only handles all-Pending sets."""
     cluster = Cluster(
@@ -413,7 +413,7 @@ def test_regression_1_missing_class_member_of_bound_set() -> None:
 
 def test_regression_2_launcher_pod_keeps_devices_on_shrunk_node() -> None:
     """ENGINE BUG 2 (invariant 1). The node's allocatable shrank 1 -> 0 under a Bound set
-    whose launcher pod runs there; SPEC §4 step 2 says the set moves (n2 has room) or goes
+    whose launcher pod runs there; the rules say the set moves (n2 has room) or goes
     Lost. The engine first tested skipped it in ``relieve`` ("its VM's pod would keep
     booking the same units here"), leaving 1 device unit Bound on a node with 0."""
     cluster = Cluster(
@@ -518,7 +518,7 @@ def test_regression_3d_growth_move_frees_room_for_a_set_grown_earlier() -> None:
 
 
 def test_regression_4_new_order_takes_room_freed_for_a_lost_set() -> None:
-    """ENGINE BUG 4 (invariant 8: Lost sets before any new order, SPEC §4 step 3). As in 3c,
+    """ENGINE BUG 4 (invariant 8: Lost sets before any new order). As in 3c,
     D (3) goes Lost off n3 and B grows by moving whole from n2 to n3, freeing 3 on n2. The
     retry loop added for bug 3 runs rebind -> grow -> bind orders per sweep, so the new
     order E takes n2 in the same sweep, before D is retried: D stays Lost, E is Bound."""

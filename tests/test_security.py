@@ -1,4 +1,4 @@
-"""Security properties (issue 8): isolation on every endpoint, a staff-only admin with
+"""Security properties: isolation on every endpoint, a staff-only admin with
 CSRF, secrets only from the environment, nothing secret in the repository.
 
 These tests enumerate what exists (the OpenAPI paths, the admin's URLs, the tracked
@@ -98,6 +98,23 @@ def test_the_secret_key_comes_from_the_environment() -> None:
     env = {**os.environ, "DJANGO_SECRET_KEY": "from-the-environment-" + "x" * 40}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == env["DJANGO_SECRET_KEY"]
+
+
+def test_the_secret_key_is_stripped_of_surrounding_whitespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key pasted with a newline (``--from-file``, an editor) signs what the other pods
+    check; a key of whitespace alone stops start-up instead of falling back to a random one.
+    (Settings read it once at start-up, through this function; the test above starts a
+    process to see the whole path.)"""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from gpuplane.settings import _secret_key
+
+    key = "from-the-environment-" + "y" * 40
+    monkeypatch.setenv("DJANGO_SECRET_KEY", f"  {key}\n")
+    assert _secret_key() == key
+    monkeypatch.setenv("DJANGO_SECRET_KEY", " \n")
+    with pytest.raises(ImproperlyConfigured, match="DJANGO_SECRET_KEY is only whitespace"):
+        _secret_key()
 
 
 SECRET_PATTERNS = {

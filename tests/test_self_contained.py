@@ -1,4 +1,4 @@
-"""The repository is self-contained (issue 15, item 1).
+"""The repository is self-contained.
 
 A user clones the repository and runs ``make test`` with nothing beside it, so no tracked
 file may read a path outside the clone: the real Kubernetes and KubeVirt captures the tests

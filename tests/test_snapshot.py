@@ -1,4 +1,4 @@
-"""Loading cluster snapshots (SPEC §8 ``load_snapshot``): what lands in the mirror, and what is refused.
+"""Loading cluster snapshots (``load_snapshot``): what lands in the mirror, and what is refused.
 
 Objects are the real captures in tests/fixtures/kubernetes, or built from them by
 tests/shapes.py, written to YAML and loaded through the real loader. A snapshot is all or
@@ -191,7 +191,7 @@ def test_pod_requests_fall_back_to_limits(tmp_path: Path) -> None:
 
 def test_node_conditions_and_vmi_host_devices(tmp_path: Path) -> None:
     bare = node_obj("bare", {A10: 1})
-    del bare["status"]["conditions"]  # no conditions at all: counts as Ready (SPEC §1)
+    del bare["status"]["conditions"]  # no conditions at all: counts as Ready
     down = node_obj("down", {A10: 1}, ready=False, transition="2026-11-30T08:00:00Z")
     unknown = node_obj("unknown", {A10: 1})
     for condition in unknown["status"]["conditions"]:

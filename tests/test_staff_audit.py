@@ -1,4 +1,4 @@
-"""The audit trail (issue 18 item 6): passes, decisions, bind answers and sync status can be
+"""The audit trail: passes, decisions, bind answers and sync status can be
 read but not added, edited or deleted in the admin; mirrored objects are read-only in
 cluster mode; and every pass records what triggered it."""
 

@@ -1,4 +1,4 @@
-"""Usage for billing on the usage chart (issue 18 item 8): presets, the ranked table with
+"""Usage for billing on the usage chart: presets, the ranked table with
 shares, rates per class (a field, or the setting), the billing CSV clipped to the window,
 and ``make demo``'s two weeks of history."""
 

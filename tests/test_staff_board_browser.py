@@ -1,8 +1,8 @@
-"""The staff console in a real browser (issue 18): a Lost set explained and Bound again in
+"""The staff console in a real browser: a Lost set explained and Bound again in
 at most 5 clicks, the board at 1,000 nodes paged, keyboard navigation, a phone-sized run
 and axe-core accessibility scans, on Debian's Chromium driven by Playwright.
 
-Screenshots go to the artifacts directory (as in ``test_staff_browser``) and the README's
+Screenshots go to the artifacts directory (as in ``test_staff_browser``) and the docs'
 two to ``docs/screenshots/`` (board.png, lost-set.png).
 """
 

@@ -1,4 +1,4 @@
-"""The board at scale and for every eye (issue 18 items 3 and 4), through the test client:
+"""The board at scale and for every eye, through the test client:
 paged and sortable rows, only problem nodes, free for new units and the largest gap per
 class, a compact legend with tenant search, ``?q=`` jumping to a set's page, the palette's
 contrast, and the snapshot reused only while the change feed is unchanged."""

@@ -1,9 +1,9 @@
-"""The staff console in a real browser (issue 18 items 2 and 5): the search box on every
+"""The staff console in a real browser: the search box on every
 page finds a tenant, a tenant's VM, a node; the node page offers drain; the drain preview
 says where each set would go; confirming drains the node and the sets land where the
 preview said. Debian's Chromium through Playwright on the demo cluster; screenshots are
 artifacts (tests/browsing.py). With ``GPUPLANE_UPDATE_SCREENSHOTS=1`` the preview's is also
-copied to docs/screenshots/drain-preview.png for the README (not by default: a test run
+copied to docs/screenshots/drain-preview.png for the staff console's page (not by default: a test run
 leaves the checkout as it found it)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lost and Pending sets explained on the staff pages (issue 18 item 1), on the demo
+"""Lost and Pending sets explained on the staff pages, on the demo
 cluster: the board's Lost and Pending lists, the Lost sets view and the device page say
 what a set needs, the largest gap, who holds the rest, what would fit, and flag the
 VMI's NotReady node."""
@@ -77,3 +77,50 @@ def test_device_page_explains_a_lost_device_and_not_a_bound_one(admin_client: Cl
 def test_explanations_escape_names(admin_client: Client, demo: None, settings: Any) -> None:
     html = admin_client.get(reverse("admin:placement-board")).content.decode()
     assert "<script" not in html.split("</head>", 1)[1].replace('<script src="', "")
+
+
+def test_a_device_page_explains_its_set_from_a_narrow_read_with_the_same_words(
+    admin_client: Client, demo: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device page reads the set's tenant, the nodes and classes, and what books the
+    set's resources, not the whole mirror; its explanation is the whole mirror's, word for
+    word, for every Lost or Pending set of the demo (the A10 sets of other tenants are not
+    read for an H100 set)."""
+    from django.utils import timezone
+
+    from binder.mirror import read
+    from binder.reports import explanations
+
+    everything = explanations.explanations_now(timezone.now())
+    assert len(everything) >= 4
+    for key, whole in everything.items():
+        assert explanations.explanation_of(key, timezone.now()) == whole, key
+
+    read_devices: list[int] = []
+    original = read.read_rows
+
+    def counting(kind: str, *args: Any, **kwargs: Any) -> list[Any]:
+        rows = original(kind, *args, **kwargs)
+        if kind == "GPU":
+            read_devices.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(read, "read_rows", counting)
+    monkeypatch.setattr(explanations, "read_rows", counting, raising=False)
+    lost = models.GpuDevice.objects.get(name="llm-train-a-gpu0")
+    html = admin_client.get(reverse("admin:binder_gpudevice_change", args=[lost.pk])).content.decode()
+    assert "needs 8 × h100 on one node" in html
+    other_resources = models.GpuDevice.objects.exclude(namespace__name="team-nlp").exclude(class_name="h100")
+    assert other_resources.exists()
+    assert read_devices and sum(read_devices) <= models.GpuDevice.objects.count() - other_resources.count()
+
+
+def test_the_narrow_read_explains_every_set_of_the_staff_cluster_as_the_whole_read(placed: models.PassRun) -> None:
+    from django.utils import timezone
+
+    from binder.reports import explanations
+
+    everything = explanations.explanations_now(timezone.now())
+    assert everything
+    for key, whole in everything.items():
+        assert explanations.explanation_of(key, timezone.now()) == whole, key

@@ -1,4 +1,4 @@
-"""The admin's home page shows the health of the fleet first (issue 18 item 9): Lost sets,
+"""The admin's home page shows the health of the fleet first: Lost sets,
 Pending sets with their reasons, NotReady, cordoned and draining nodes, budgets at their
 limit, each linked; "as of" its time; auto-refresh off unless asked for."""
 

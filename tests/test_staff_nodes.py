@@ -1,4 +1,4 @@
-"""Node actions (issue 18 item 5): cordon, uncordon, drain and undrain from the node page,
+"""Node actions: cordon, uncordon, drain and undrain from the node page,
 confirmed on a page that shows where the binder would put the node's sets (the drain
 preview: the engine's next full pass on a copy), written to the mirror in standalone and
 to the API server in cluster mode, then a full pass triggered by the staff user; and

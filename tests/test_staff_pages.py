@@ -1,4 +1,4 @@
-"""The staff pages of issue 7 (placement board, budgets, usage chart, decision log, actions),
+"""The first staff pages (placement board, budgets, usage chart, decision log, actions),
 through Django's test client: who may open them, what they show, that bad parameters are
 a clear 400 and never a 500, and that the board costs the same number of queries for
 three nodes as for sixty."""

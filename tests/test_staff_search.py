@@ -1,4 +1,4 @@
-"""The staff search box and the node page (issue 18 item 2): one box on every staff page
+"""The staff search box and the node page: one box on every staff page
 finds tenants, VMs (``tenant/VM`` too), devices, nodes and pods, grouped with links; the
 node page lists a node's sets and pods with the ledger's figures."""
 

@@ -1,4 +1,4 @@
-"""One time format on the staff pages (issue 18 item 7): ISO 8601 with seconds and the zone,
+"""One time format on the staff pages: ISO 8601 with seconds and the zone,
 ages, rounded durations, counts that say what they count, a pass button on the pass list
 that needs no ticked rows, and no "View site" link to a 404."""
 

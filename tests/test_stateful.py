@@ -1,4 +1,4 @@
-"""Stateful property tests across the binder, usage records and webhook decisions (issue 8, item 1).
+"""Stateful property tests across the binder, usage records and webhook decisions.
 
 Two hypothesis rule-based state machines change a cluster one step at a time (nodes come
 and go, fail and recover, allocatable shrinks and grows, nodes are drained, cordoned and
@@ -26,16 +26,16 @@ partly fail interleave), with the clock moving on at every step. After every ste
   per tenant and key, to the unit-second.
 
 Why some invariants are stated "after a full pass": usage records are written by full passes
-only (SPEC §4 step 6 and §7; an answer pass writes none, SPEC §4), so a device an answer pass
+only (an answer pass writes none), so a device an answer pass
 binds, or a device deleted between passes, gets or loses its open record at the next full
 pass (an answer pass that places a set asks for one). The test therefore integrates the
 units held *as the last full pass saw them*: that is what the records can know, and what
 tenants are billed for. A simulated full pass whose status writes partly fail (cluster
 mode: ``binder.runtime.cluster.write_status`` drops refused writes from the result) may leave sets
 split and nodes over-booked; wholeness and the strict capacity check then wait for the
-next complete full pass, which restores them (SPEC §4 step 1). The GPU feature switch stays
+next complete full pass, which restores them. The GPU feature switch stays
 on: with it off a pass places nothing, so a deleted class's devices stay Bound while their
-records close (SPEC §6), and "an open record while Bound or Lost" does not apply then.
+records close, and "an open record while Bound or Lost" does not apply then.
 
 (a) ``EngineMachine`` is pure: engine dataclasses (built from the real captures through
 tests/shapes.py), ``binder.engine.placement``, ``binder.engine.usage`` and
@@ -56,7 +56,7 @@ own ``mirror_view``/``decide`` and bind-request write, usage records in the data
 GPU-hours from ``usage.queries.gpu_hours`` (and, after each full pass, the tenant usage
 API's ``current_usage`` against the test's own accounting). Each example runs inside a savepoint that is
 rolled back (usage records can be neither deleted nor updated once closed).
-Passes run on two workers, each with its in-memory state (issue 14), that take turns
+Passes run on two workers, each with its in-memory state, that take turns
 (``workers_take_turns``); the feed is reset (``feed_reset``) and devices are deleted and
 created again under the same name (``device_recreated``). Side by side with every pass,
 the from-scratch engine runs on a fresh read of the same database: the pass must write
@@ -183,7 +183,7 @@ def stamp(moment: datetime) -> str:
 
 # --------------------------------------------------------------------------------------
 # Independent expectations (no engine Ledger, no binder.engine.usage): the launcher rule
-# itself is called, never re-implemented (SPEC §2).
+# itself is called, never re-implemented.
 # --------------------------------------------------------------------------------------
 
 #: What an open record says is held: kind, namespace, subject, subject uid, key, resource,
@@ -209,9 +209,9 @@ def held_of(h: Holding) -> Held:
 def expected_holdings(
     devices: Iterable[Device], classes: Mapping[str, GpuClass], pods: Iterable[Pod], vmis: Mapping[SetKey, Vmi]
 ) -> Counter[Held]:
-    """What must have an open record (SPEC §7): each Bound or Lost device of an existing class
-    (a device whose class is gone holds nothing, SPEC §4 step 4 and §6), and each pod's raw
-    usage for budgets per resource (SPEC §2)."""
+    """What must have an open record: each Bound or Lost device of an existing class
+    (a device whose class is gone holds nothing), and each pod's raw
+    usage for budgets per resource."""
     devices = list(devices)
     sets: dict[SetKey, list[Device]] = defaultdict(list)
     for device in devices:
@@ -242,7 +242,7 @@ def units_by_record_key(held: Counter[Held]) -> Counter[tuple[str, str, str]]:
 
 def units_by_budget_key(held: Counter[Held]) -> Counter[tuple[str, str]]:
     """Units held per (namespace, budget key): a device counts under its class and its
-    resource, a pod under its resource (SPEC §3; how ``queries.gpu_hours`` keys hours)."""
+    resource, a pod under its resource (how ``queries.gpu_hours`` keys hours)."""
     out: Counter[tuple[str, str]] = Counter()
     for (kind, ns, _, _, key, resource, units, _, _, _), n in held.items():
         out[(ns, key)] += units * n
@@ -283,8 +283,8 @@ def budget_problems(
     after: Mapping[str, Counter[str]],
     limit: Any,
 ) -> list[str]:
-    """A key over its limit after a pass was over before it, and did not grow (SPEC §4 step 4:
-    the binder refuses any bind that adds units to a key beyond its limit)."""
+    """A key over its limit after a pass was over before it, and did not grow
+    (the binder refuses any bind that adds units to a key beyond its limit)."""
     problems = []
     for ns in sorted(tenants):
         was, now = before.get(ns, Counter()), after.get(ns, Counter())
@@ -343,7 +343,7 @@ def patched(vmi: dict[str, Any], verdict: Verdict) -> tuple[str, Counter[str]]:
     """Apply the webhook's patch: the node the VMI is pinned to and its gpus per deviceName."""
     result = jsonpatch.apply_patch(vmi, [dict(op) for op in verdict.patch])
     # The hostname label (equal to the name on these nodes), or, for a node the view did
-    # not hold, the required node affinity on metadata.name (SPEC §5 step 3).
+    # not hold, the required node affinity on metadata.name.
     node = result["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname")
     if node is None:
         terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -352,7 +352,7 @@ def patched(vmi: dict[str, Any], verdict: Verdict) -> tuple[str, Counter[str]]:
 
 
 def expected_devices(members: Iterable[Device], classes: Mapping[str, GpuClass]) -> Counter[str]:
-    """One gpus entry per unit of each device, named by its class's raw resource (SPEC §5 step 3)."""
+    """One gpus entry per unit of each device, named by its class's raw resource."""
     want: Counter[str] = Counter()
     for d in members:
         want[classes[d.class_name].resource_name] += classes[d.class_name].units_per_device
@@ -610,7 +610,7 @@ class EngineMachine(RuleBasedStateMachine):
     def device_edited(self, dt: int, s: int, m: int, c: int, to: int | None) -> None:
         """``spec.className`` or ``spec.vmName`` edited in place (the CRD allows it): the device
         changes units, or joins another set of its namespace, which may be split until the
-        next full pass gathers it (SPEC §4 step 1: "members added later")."""
+        next full pass gathers it ("members added later")."""
         self.begin(dt)
         w = self.world
         key = set_ref(w, s)
@@ -662,7 +662,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(dt=DT, s=SET, n=NODE, r=IDX, units=st.integers(1, 4))
     def forged_pod(self, dt: int, s: int, n: int, r: int, units: int) -> None:
-        """A pod whose owner reference and labels name a VMI, which never listed it (SPEC §2)."""
+        """A pod whose owner reference and labels name a VMI, which never listed it."""
         self.begin(dt)
         key = set_ref(self.world, s)
         if key:
@@ -719,7 +719,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(dt=DT, s=SET, variant=st.sampled_from(["whole", "whole", "whole", "whole", "partial", "foreign", "dry"]))
     def vmi_created(self, dt: int, s: int, variant: str) -> None:
-        """The webhook decides a VMI CREATE (SPEC §5); a Bound set's VMI starts at once."""
+        """The webhook decides a VMI CREATE; a Bound set's VMI starts at once."""
         self.begin(dt)
         key = set_ref(self.world, s)
         if key is not None:
@@ -796,7 +796,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.add_pod(launcher_pod_obj(running, requests, node, uid))
 
     def conclude_calls(self, complete: bool) -> None:
-        """Webhooks waiting for answers wake after the pass that wrote them (SPEC §5 step 4)."""
+        """Webhooks waiting for answers wake after the pass that wrote them."""
         w = self.world
         for key, call in sorted(self.calls.items()):
             named = [w.devices.get((key[0], n)) for n in call.names]
@@ -1038,6 +1038,7 @@ def written_only(result: PassResult, mask: int) -> tuple[PassResult, bool]:
     return narrowed, len(written) == len(result.devices)
 
 
+@pytest.mark.slow
 def test_engine_machine() -> None:
     STEPS["engine"] = 0
     started = time.perf_counter()
@@ -1076,7 +1077,7 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.running: dict[SetKey, tuple[str, str]] = {}  # set -> (launcher uid, node)
         self.since_full = 0  # steps since the last full pass
         self.split = False  # an edit moved a device into another set; the next full pass gathers it
-        # Two pass workers, each with its in-memory state (issue 14), taking turns; every
+        # Two pass workers, each with its in-memory state, taking turns; every
         # other pass of a worker also runs its verification (from scratch, compared).
         self.workers = (ClusterState(), ClusterState())
         self.turn = 0
@@ -1228,7 +1229,7 @@ class DatabaseMachine(RuleBasedStateMachine):
 
     @rule(dt=DT, t=IDX)
     def namespace_deleted(self, dt: int, t: int) -> None:
-        """A tenant's namespace is deleted with everything in it (SPEC §6); its records close at
+        """A tenant's namespace is deleted with everything in it; its records close at
         the next full pass. Objects loaded into it later create it again."""
         self.begin(dt)
         namespace = pick(DB_TENANTS, t)
@@ -1390,7 +1391,7 @@ class DatabaseMachine(RuleBasedStateMachine):
     def malformed_object_arrives(self, dt: int, kind: str, i: int, via_snapshot: bool) -> None:
         """A hostile tenant's (or a broken controller's) object of each kind that does not
         parse (a NUL, a lone surrogate, a count past the columns, a bind request over 128
-        characters), for an object the mirror has or a new one (issue 16). From the cluster
+        characters), for an object the mirror has or a new one. From the cluster
         (a watch event) it is refused and its row keeps its last good state, marked; in a
         snapshot the whole file is refused. Either way the mirror's state is unchanged, and
         the full pass after it runs and keeps every invariant."""
@@ -1427,7 +1428,7 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.begin(dt)
         self.run(models.PassKind.ANSWER)
 
-    # -- the incremental worker's own steps (issue 14) --------------------------------------
+    # -- the incremental worker's own steps --------------------------------------
 
     @rule(dt=DT)
     def workers_take_turns(self, dt: int) -> None:
@@ -1498,7 +1499,7 @@ class DatabaseMachine(RuleBasedStateMachine):
             if got != expected:
                 problems.append(f"open records differ from holdings: extra {got - expected}, missing {expected - got}")
             self.held = units_by_budget_key(expected)
-            for namespace in DB_TENANTS:  # the tenant usage API's current usage (SPEC §8) agrees
+            for namespace in DB_TENANTS:  # the tenant usage API's current usage agrees
                 api_usage = queries.current_usage(namespace)[0]
                 if Counter(api_usage) != +used_after[namespace]:
                     problems.append(f"usage API {namespace}: {api_usage} != {dict(+used_after[namespace])}")
@@ -1677,6 +1678,7 @@ MALFORMED = {
 assert sorted(MALFORMED) == sorted(MALFORMED_KINDS)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_database_machine(clock: Clock) -> None:
     STEPS["db"] = STEPS["malformed"] = 0

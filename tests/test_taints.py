@@ -1,4 +1,4 @@
-"""Taints and tolerations (SPEC §1, §4 step 2, §5 step 3; issue 15).
+"""Taints and tolerations.
 
 Dedicated GPU nodes are commonly tainted (the captured ``hgx-h100-07`` carries
 ``nvidia.com/gpu=dedicated:NoSchedule``). A class that does not tolerate a node's

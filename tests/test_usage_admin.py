@@ -1,4 +1,4 @@
-"""The usage records admin (SPEC §8): staff filter by tenant and date and export CSV; nobody edits."""
+"""The usage records admin: staff filter by tenant and date and export CSV; nobody edits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tenant API (SPEC §8): usage, usage records (filters, pages, CSV), devices and their
+"""The tenant API: usage, usage records (filters, pages, CSV), devices and their
 decisions, tokens from ``issue_token``, and isolation: another tenant's namespace is 404
 on every endpoint, no credentials 401.
 

@@ -1,4 +1,4 @@
-"""Usage records (SPEC §7): written by full passes, GPUs counted once, history append-only.
+"""Usage records: written by full passes, GPUs counted once, history append-only.
 
 Clusters are built from the real captures (tests/shapes.py) and loaded into the mirror;
 passes run for real (``binder.runtime.passes.run_pass``) at times set by the ``clock`` fixture.
@@ -139,7 +139,7 @@ def test_real_launcher_requesting_more_than_its_devices_hold_gets_the_rest(clock
 
 @pytest.mark.django_db
 def test_records_read_the_vmi_fresh_not_the_pass_snapshot(clock: Clock) -> None:
-    """Usage records ask the VMI named by the pod's owner hint at write time (SPEC §2)."""
+    """Usage records ask the VMI named by the pod's owner hint at write time."""
     load_objects(running_vm())
     from usage import records as usage_records
 

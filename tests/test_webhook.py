@@ -1,4 +1,4 @@
-"""The VMI admission webhook (SPEC §5): real AdmissionReview envelopes in, real shapes out.
+"""The VMI admission webhook: real AdmissionReview envelopes in, real shapes out.
 
 Requests are the captured AdmissionReview (``admissionreview-v1-request-pod-create.json``)
 with the resource swapped to a KubeVirt VMI and the object a VMI shaped like the captured

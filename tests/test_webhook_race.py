@@ -1,4 +1,4 @@
-"""50 concurrent webhook calls for 50 VMs competing for room for 10 sets (issue 4).
+"""50 concurrent webhook calls for 50 VMs competing for room for 10 sets.
 
 Real parts only: a gunicorn server process running the webhook, a `celery worker`, the
 local Redis and PostgreSQL. Each call writes its bind requests and waits for the

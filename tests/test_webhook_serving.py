@@ -1,4 +1,4 @@
-"""The webhook stays up and serves only the kube-apiserver (issue 17, SPEC §5).
+"""The webhook stays up and serves only the kube-apiserver.
 
 Real servers over real sockets: ``deploy/webhook_server.py`` (granian, the production
 config) on a free loopback port, over HTTPS with certificates from ``manage.py
@@ -16,12 +16,15 @@ webhook_cert``, against a SQLite database of the test's own.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import http.client
 import io
 import json
 import os
+import shutil
 import socket
+import sqlite3
 import ssl
 import subprocess
 import sys
@@ -51,33 +54,47 @@ def _certs(out: Path) -> Path:
     return out
 
 
-def _database(tmp_path: Path, objects: list[dict[str, Any]]) -> dict[str, str]:
-    """A migrated SQLite database holding ``objects``; the environment the server reads it with."""
-    env = {
+def _server_env(database: Path) -> dict[str, str]:
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("GPUPLANE_", "CELERY_"))},
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        "GPUPLANE_VAR_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{database}",
+        "GPUPLANE_VAR_DIR": str(database.parent),
         "GPUPLANE_AUTO_PASS": "false",
         "GPUPLANE_WEBHOOK_WORKERS": "1",
         "GPUPLANE_WEBHOOK_THREADS": "4",
     }
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated SQLite file for this module's servers; each test copies it (a migrate
+    per test cost a Django start-up and the whole migration history each time)."""
+    database = tmp_path_factory.mktemp("migrated") / "db.sqlite3"
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=ROOT, env=_server_env(database), check=True, timeout=120,
+    )  # fmt: skip
+    return database
+
+
+def _database(tmp_path: Path, objects: list[dict[str, Any]], migrated: Path) -> dict[str, str]:
+    """A migrated SQLite database holding ``objects``; the environment the server reads it with."""
+    database = tmp_path / "db.sqlite3"
+    shutil.copyfile(migrated, database)
+    env = _server_env(database)
     snapshot = tmp_path / "cluster.json"
     snapshot.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    for command in (["migrate", "--verbosity", "0"], ["load_snapshot", str(snapshot)]):
-        subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "manage.py", "load_snapshot", str(snapshot)], cwd=ROOT, env=env, check=True, timeout=120
+    )
     return env
 
 
 def _bind_requests(env: dict[str, str]) -> list[str]:
-    script = (
-        "import django, json; django.setup(); from binder.models import GpuDevice; "
-        "print(json.dumps(sorted(GpuDevice.objects.values_list('bind_request', flat=True))))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "gpuplane.settings"},
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+    """The devices' bind requests, read from the server's database file directly."""
+    path = env["DATABASE_URL"].removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+        return sorted(row[0] for row in db.execute("SELECT bind_request FROM binder_gpudevice"))
 
 
 def _post(url: str, body: dict[str, Any], context: ssl.SSLContext | None, headers: dict[str, str]) -> tuple[int, Any]:
@@ -107,9 +124,10 @@ OBJECTS = [
 # -- callers ------------------------------------------------------------------------------
 
 
-def test_token_policy_over_tls_serves_the_apiserver_and_tells_others_nothing(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_token_policy_over_tls_serves_the_apiserver_and_tells_others_nothing(tmp_path: Path, migrated: Path) -> None:
     certs = _certs(tmp_path / "tls")
-    env = _database(tmp_path, OBJECTS) | {
+    env = _database(tmp_path, OBJECTS, migrated) | {
         "GPUPLANE_TLS_CERT_FILE": str(certs / "tls.crt"),
         "GPUPLANE_TLS_KEY_FILE": str(certs / "tls.key"),
         "GPUPLANE_WEBHOOK_AUTH": "token",
@@ -162,10 +180,13 @@ def _client_ca(out: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_client_certificate_policy_refuses_the_handshake_without_the_apiservers_certificate(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_client_certificate_policy_refuses_the_handshake_without_the_apiservers_certificate(
+    tmp_path: Path, migrated: Path
+) -> None:
     certs = _certs(tmp_path / "tls")
     client_ca, client_cert, client_key = _client_ca(tmp_path / "client")
-    env = _database(tmp_path, OBJECTS) | {
+    env = _database(tmp_path, OBJECTS, migrated) | {
         "GPUPLANE_TLS_CERT_FILE": str(certs / "tls.crt"),
         "GPUPLANE_TLS_KEY_FILE": str(certs / "tls.key"),
         "GPUPLANE_WEBHOOK_AUTH": "client-cert",
@@ -201,8 +222,9 @@ def _trickle(port: int, stop: threading.Event, hung_up: list[int]) -> None:
         hung_up.append(1)
 
 
-def test_two_hundred_slow_clients_do_not_stop_reviews_or_probes(tmp_path: Path) -> None:
-    env = _database(tmp_path, OBJECTS) | {
+@pytest.mark.slow
+def test_two_hundred_slow_clients_do_not_stop_reviews_or_probes(tmp_path: Path, migrated: Path) -> None:
+    env = _database(tmp_path, OBJECTS, migrated) | {
         "GPUPLANE_WEBHOOK_AUTH": "none",
         "GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS": "3000",
     }

@@ -1,4 +1,4 @@
-"""Serving the VMI webhook over TLS in cluster mode (issue 4, item 4).
+"""Serving the VMI webhook over TLS in cluster mode.
 
 ``manage.py webhook_cert`` is checked the way the kube-apiserver would check its output
 (the serving certificate verifies against the printed caBundle for the Service's DNS
@@ -235,7 +235,7 @@ def test_mutating_webhook_configuration() -> None:
     assert isinstance(hook["clientConfig"]["caBundle"], str) and hook["clientConfig"]["caBundle"]
     assert resolve(service["path"]).func.view_class is VmiAdmissionView
 
-    # The values admissionregistration/v1 allows (NOTES.md), and the ones SPEC §5 needs.
+    # The values admissionregistration/v1 allows (NOTES.md), and the ones gpuplane needs.
     assert hook["failurePolicy"] == "Fail"
     assert isinstance(hook["timeoutSeconds"], int) and 1 <= hook["timeoutSeconds"] <= 30
     assert hook["timeoutSeconds"] == 10
@@ -344,6 +344,67 @@ def test_gunicorn_conf_refuses_cluster_mode_without_tls(monkeypatch: pytest.Monk
         gunicorn_conf(monkeypatch, GPUPLANE_WEB_WORKERS="0")
 
 
+WEBHOOK_SERVER = ROOT / "deploy" / "webhook_server.py"
+SERVING_VARIABLES = (
+    "GPUPLANE_TLS_CERT_FILE", "GPUPLANE_TLS_KEY_FILE", "GPUPLANE_CLUSTER", "GPUPLANE_WEB_WORKERS",
+    "GPUPLANE_WEBHOOK_WORKERS", "GPUPLANE_WEBHOOK_AUTH", "GPUPLANE_WEBHOOK_BIND",
+)  # fmt: skip
+
+
+def webhook_server_refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    """What ``deploy/webhook_server.py`` refuses to start with, as the line it prints."""
+    for name in SERVING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    namespace = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")
+    with pytest.raises((RuntimeError, SystemExit)) as refused:
+        namespace["options"]()
+    return str(refused.value)
+
+
+def gunicorn_refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    with pytest.raises(RuntimeError) as refused:
+        gunicorn_conf(monkeypatch, **env)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cluster mode without TLS", "a certificate without its key", "files that are not there", "a size of 0",
+     "a size that is no number"],
+)  # fmt: skip
+def test_both_servers_refuse_the_same_settings_with_the_same_words(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
+) -> None:
+    """The API's gunicorn and the webhook server check their TLS files and sizes with one
+    module (deploy/serving.py), so an operator reads one message for one mistake."""
+    (tmp_path / "tls.crt").write_text("x")
+    env = {
+        "cluster mode without TLS": {"GPUPLANE_CLUSTER": "kubernetes"},
+        "a certificate without its key": {"GPUPLANE_TLS_CERT_FILE": str(tmp_path / "tls.crt")},
+        "files that are not there": {
+            "GPUPLANE_TLS_CERT_FILE": str(tmp_path / "x.crt"), "GPUPLANE_TLS_KEY_FILE": str(tmp_path / "x.key"),
+        },
+        "a size of 0": {"WORKERS": "0"},
+        "a size that is no number": {"WORKERS": "two"},
+    }[case]  # fmt: skip
+    web = {("GPUPLANE_WEB_WORKERS" if k == "WORKERS" else k): v for k, v in env.items()}
+    webhook = {("GPUPLANE_WEBHOOK_WORKERS" if k == "WORKERS" else k): v for k, v in env.items()}
+    expected = gunicorn_refusal(monkeypatch, **web).replace("GPUPLANE_WEB_WORKERS", "GPUPLANE_WEBHOOK_WORKERS")
+    assert webhook_server_refusal(monkeypatch, **webhook) == expected
+
+
+def test_the_webhook_server_stops_with_one_line_naming_the_setting(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in SERVING_VARIABLES}
+    env["GPUPLANE_WEBHOOK_WORKERS"] = "0"
+    done = subprocess.run(
+        [sys.executable, str(WEBHOOK_SERVER)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip() == "gpuplane: cannot start: GPUPLANE_WEBHOOK_WORKERS='0' must be at least 1"
+
+
 # -- end to end: gunicorn serving HTTPS ------------------------------------------------------
 
 
@@ -367,6 +428,7 @@ def vmi_review_without_gpus(uid: str) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_gunicorn_serves_the_api_over_tls_and_leaves_the_webhook_to_its_own_server(tmp_path: Path) -> None:
     """In cluster mode the API's gunicorn serves HTTPS, and the webhook only on the webhook
     server's port (tests/test_webhook_serving.py): here it answers 404, writing nothing."""

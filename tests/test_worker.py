@@ -77,11 +77,12 @@ def test_an_answer_pass_runs_right_after_the_running_pass_before_the_next_full_p
     assert [r.kind for r in _runs()] == ["full", "answer", "full"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("max_delay", "starves"), [(1.0, False), (60.0, True)])
 def test_a_queued_full_pass_waits_behind_a_stream_of_answer_passes_at_most_the_max_delay(
     start_worker: Callable[..., Worker], broker: redis.Redis, max_delay: float, starves: bool
 ) -> None:
-    """SPEC §4 fairness: answer passes go first, but a full pass queued during a stream of them
+    """Fairness: answer passes go first, but a full pass queued during a stream of them
     runs within GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS (plus the pass in flight). With a delay
     longer than the stream it waits for the whole stream: the setting is what bounds it."""
     _cluster(orders=2)
@@ -109,6 +110,7 @@ def test_a_queued_full_pass_waits_behind_a_stream_of_answer_passes_at_most_the_m
         assert answers_before_b >= 1 and answers_after_b >= 3, (answers_before_b, answers_after_b)
 
 
+@pytest.mark.slow
 def test_two_workers_never_overlap_and_never_book_a_unit_twice(
     start_worker: Callable[..., Worker], broker: redis.Redis
 ) -> None:

@@ -78,7 +78,7 @@ class Worker:
             "GPUPLANE_VAR_DIR": str(log.parent),
             "GPUPLANE_AUTO_PASS": "false",
             "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
-            # Every pass on the worker's in-memory state is verified against a rebuild (issue 14).
+            # Every pass on the worker's in-memory state is verified against a rebuild.
             "GPUPLANE_VERIFY_SECONDS": "0",
             **(extra_env or {}),
         }

@@ -1,4 +1,4 @@
-"""Usage records in the staff admin (SPEC §8): read-only, filtered by tenant and date, CSV.
+"""Usage records in the staff admin: read-only, filtered by tenant and date, CSV.
 
 Records are the billing history, so staff may look and export, never add, change or
 delete (the model refuses those anyway). The CSV export is the tenant API's own

@@ -1,4 +1,4 @@
-"""The usage app: who held which GPUs when (SPEC §7)."""
+"""The usage app: who held which GPUs when."""
 
 from django.apps import AppConfig
 

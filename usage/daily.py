@@ -7,7 +7,7 @@ the record inside that day (UTC), with the overlap arithmetic of ``usage.queries
 tenant usage API's GPU-hours), so a day's figures add up to the API's window totals.
 
 A record's key is its class name for devices and its raw resource name for pods' raw
-usage (SPEC §7); every record counts once, so a day's total counts every GPU once.
+usage; every record counts once, so a day's total counts every GPU once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Usage records (SPEC §7) and who may read which tenant's usage.
+"""Usage records and who may read which tenant's usage.
 
 Usage records are what tenants are billed from, so they are an append-only history:
 a record is opened by a full pass, closed by a later one, and never edited or deleted
@@ -66,7 +66,7 @@ class UsageRecord(models.Model):
     """Who held how many units of which key, where, from ``start`` until ``end``.
 
     A device (subject kind GPU) has one open record while Bound or Lost; a pod (kind
-    Pod, phase Raw) one per resource while its raw usage (SPEC §2) is above zero. A
+    Pod, phase Raw) one per resource while its raw usage is above zero. A
     change of node, phase or units closes the record and opens the next at the same
     instant. GPU-hours = units × hours.
     """

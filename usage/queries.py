@@ -3,8 +3,8 @@
 GPU-hours are summed by the database (units × overlap of each record with the window),
 so a tenant with a year of records costs one aggregate query, not a Python loop over
 rows. Current usage comes from the engine's one ledger over the tenant's slice of the
-mirror, with pods' raw usage decided by the shared launcher reader on VMIs read fresh
-(SPEC §2), so it always agrees with what the binder enforces.
+mirror, with pods' raw usage decided by the shared launcher reader on VMIs read fresh,
+so it always agrees with what the binder enforces.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def with_record_hours(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySe
 class GpuHours:
     """GPU-hours of one tenant in a window.
 
-    ``per_key`` counts the way budgets count usage (SPEC §3): a class key sums its
+    ``per_key`` counts the way budgets count usage: a class key sums its
     devices' records; a raw key sums its pods' raw records plus the records of devices
     whose class takes that resource. ``total`` counts every record once, so every GPU
     once: a launcher pod's raw record holds only units its VMI's devices do not.
@@ -125,7 +125,7 @@ class KeyUsage:
 
 
 def current_usage(namespace: str) -> tuple[dict[str, int], Limits]:
-    """The tenant's usage per key now (SPEC §3) and its effective limits.
+    """The tenant's usage per key now and its effective limits.
 
     Reads only the tenant's devices, pods and budgets; the VMIs its GPU pods name are
     read fresh, and the engine's ledger and launcher rule do the counting.

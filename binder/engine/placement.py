@@ -248,8 +248,19 @@ def untolerated_taint(node: Node, classes: Iterable[GpuClass]) -> str | None:
     return None
 
 
+#: Joins the values one label was asked with in two ways: no node label holds a NUL (the
+#: parser refuses it), so such a label matches no node, and the refusal names both values.
+_CONFLICT = "\x00"
+
+
+def _label(label: str, value: str) -> str:
+    if _CONFLICT in value:
+        return f"{label} (conflicting values {' and '.join(value.split(_CONFLICT))})"
+    return f"{label}={value}"
+
+
 def _labels(selector: Mapping[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    return ", ".join(_label(k, v) for k, v in sorted(selector.items()))
 
 
 def requested_selector(devices: Iterable[Device]) -> dict[str, str]:
@@ -262,8 +273,9 @@ def requested_selector(devices: Iterable[Device]) -> dict[str, str]:
     for device in devices:
         if device.wants_answer:
             for label, value in device.bind_node_selector.items():
-                if selector.setdefault(label, value) != value:
-                    selector[label] = "\x00conflicting values"
+                asked = selector.setdefault(label, value).split(_CONFLICT)
+                if value not in asked:
+                    selector[label] = _CONFLICT.join(sorted({*asked, value}))
     return selector
 
 
@@ -272,7 +284,7 @@ def requested_selector_mismatch(node: Node, devices: Iterable[Device]) -> str | 
     that ``node`` lacks, as a sentence, or None: the set's launcher could not run there."""
     for label, value in sorted(requested_selector(devices).items()):
         if node.labels.get(label) != value:
-            return f"the VMI's nodeSelector needs node label {label}={value}"
+            return f"the VMI's nodeSelector needs node label {_label(label, value)}"
     return None
 
 

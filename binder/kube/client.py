@@ -30,7 +30,7 @@ from binder.kube.objects import BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNO
 log = logging.getLogger(__name__)
 
 VERSION = "v1alpha1"
-#: The finalizer gpuplane puts on every GPU and GPUClass (SPEC §6).
+#: The finalizer gpuplane puts on every GPU and GPUClass.
 FINALIZER = "gpuplane.io/release"
 
 
@@ -204,7 +204,7 @@ class KubeApi:
         return self._typed(resource, self._call("PATCH", resource.path(namespace, name), body=body))
 
     def patch_node(self, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
-        """A staff node action (cordon, drain and their undoing, SPEC §4 step 2): merge ``patch``
+        """A staff node action (cordon, drain and their undoing): merge ``patch``
         into the Node, only if it is still at ``resource_version`` (409 Conflict otherwise)."""
         resource = RESOURCES["Node"]
         body = {**patch, "metadata": {**dict(patch.get("metadata") or {}), "resourceVersion": resource_version}}
@@ -213,9 +213,9 @@ class KubeApi:
     def annotate_bind_request(
         self, namespace: str, name: str, request_id: str, node_selector: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
-        """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation (SPEC §1)
-        and, with it, the VMI's nodeSelector as ``gpuplane.io/bind-node-selector`` (SPEC §5
-        step 4; removed when the VMI has none, so an older request's selector does not stay)."""
+        """The webhook's bind request: the ``gpuplane.io/bind-request`` annotation
+        and, with it, the VMI's nodeSelector as ``gpuplane.io/bind-node-selector``
+        (removed when the VMI has none, so an older request's selector does not stay)."""
         selector = json.dumps(dict(node_selector), sort_keys=True, separators=(",", ":")) if node_selector else None
         body = {
             "metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}}

@@ -5,7 +5,7 @@ objects the binder's own writes returned (status PATCH responses, the single GET
 409, the sync's finalizer PATCH responses) all end here, so every mirror write path goes
 through the same upsert (and, with the change feed, the same record of what changed).
 
-**Versions** (cluster mode, SPEC §4 Freshness). Rows of the kinds the binder writes
+**Versions** (cluster mode). Rows of the kinds the binder writes
 (:data:`VERSIONED`: GPU, GPUClass, GPUBudget) keep the ``resourceVersion`` of the object
 they hold, and every writer that sets it writes the whole object at that version. A
 watch event or a listed object *older* than its row is ignored: the binder has already
@@ -399,7 +399,7 @@ def older(incoming: str, stored: str) -> bool:
 
 
 def held_by_us(kind: str, obj: Mapping[str, Any]) -> bool:
-    """A GPU or class being deleted that waits on gpuplane's finalizer (SPEC §6)."""
+    """A GPU or class being deleted that waits on gpuplane's finalizer."""
     meta = obj.get("metadata")
     return (
         kind in RELEASED_BY_BINDER

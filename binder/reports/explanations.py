@@ -1,7 +1,7 @@
-"""Lost and Pending sets explained for staff pages, as HTML (issue 18).
+"""Lost and Pending sets explained for staff pages, as HTML.
 
 The engine (``binder.engine.explain``) says what a set needs and what would fit; this reads
-the mirror once for it and renders the one block every page shows (the board's panel, the
+the mirror for it and renders the one block every page shows (the board's panel, the
 Lost sets view, the device page), so the three never word it differently.
 """
 
@@ -9,18 +9,63 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from binder.engine.accounting import SetKey
-from binder.engine.explain import Explanation, explain_sets
-from binder.mirror.read import read_cluster
+from binder import models
+from binder.engine import types as e
+from binder.engine.accounting import SetKey, ledger_for
+from binder.engine.explain import Explainer, Explanation, explain_sets
+from binder.mirror.read import engine_settings, read_cluster, read_rows
 
 
 def explanations_now(now: datetime) -> dict[SetKey, Explanation]:
     """Every set with a Lost or Pending device, explained from the mirror as it is now."""
     cluster, _ = read_cluster(now)
     return explain_sets(cluster)
+
+
+def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
+    """One set explained now (a device's page), reading only what its explanation counts.
+
+    That is the set's tenant (its devices, pods, VMIs and budgets: its usage against its
+    limits), every node and class (where the set could go), and what books the set's GPU
+    resources on a node: devices placed on a node of a class of those resources, the pods
+    requesting them and the VMIs those pods may launch (the launcher rule). Devices and
+    pods of other resources, and other tenants' unplaced orders, change none of its
+    numbers and are not read: on a large mirror they are most of it. None when the set has
+    no Lost or Pending device.
+    """
+    namespace, vm = key
+    tenant = Q(namespace__name=namespace)
+    members = models.GpuDevice.objects.filter(tenant, vm_name=vm)
+    if not members.exclude(phase=models.Phase.BOUND).exists():
+        return None
+    classes = tuple(read_rows("GPUClass"))
+    wanted = set(members.values_list("class_name", flat=True))
+    resources = sorted({c.resource_name for c in classes if c.name in wanted})
+    booking = [c.name for c in classes if c.resource_name in resources]
+    pods = tuple(
+        read_rows("Pod", queryset=models.Pod.objects.filter(tenant | Q(gpu_requests__has_any_keys=resources)))
+        if resources
+        else read_rows("Pod", queryset=models.Pod.objects.filter(tenant))
+    )
+    launchers = Q(namespace__name__in={p.namespace for p in pods}, name__in={p.owner_vmi for p in pods})
+    placed = Q(class_name__in=booking) & ~Q(node="")
+    cluster = e.Cluster(
+        now=now,
+        classes=classes,
+        nodes=tuple(read_rows("Node")),
+        devices=tuple(read_rows("GPU", queryset=models.GpuDevice.objects.filter(tenant | placed))),
+        budgets=tuple(read_rows("GPUBudget", queryset=models.GpuBudget.objects.filter(tenant))),
+        vmis=tuple(read_rows("VirtualMachineInstance", queryset=models.VirtualMachineInstance.objects.filter(
+            tenant | launchers
+        ))),
+        pods=pods,
+        settings=engine_settings(),
+    )  # fmt: skip
+    return Explainer(cluster, ledger_for(cluster)).explain(key)
 
 
 def explanation_html(why: Explanation) -> SafeString:

@@ -4,7 +4,7 @@ Bound there and the pods that book its units.
 Only the rows about this node are read (its devices, its pods, the VMIs those pods may
 launch for, the classes), not the whole mirror: the page stays as fast at 10,000 nodes as
 at 10. The counting is the engine's ledger over that slice; a node's booked units depend
-only on devices Bound on it and pods on it (SPEC §3, ``held_here``), so the slice gives
+only on devices Bound on it and pods on it (``held_here``), so the slice gives
 the same figures as the whole cluster's ledger (a test compares them).
 """
 
@@ -62,7 +62,7 @@ class SetOnNode:
 class PodOnNode:
     pod: models.Pod
     launcher_of: str
-    """``namespace/vmi`` when the pod is that VMI's proven launcher (SPEC §2), else ""."""
+    """``namespace/vmi`` when the pod is that VMI's proven launcher, else ""."""
     raw_units: dict[str, int]
     """resource -> units the pod books here beyond its VMI's devices (raw usage for capacity)."""
 

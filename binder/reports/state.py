@@ -1,6 +1,6 @@
 """The cluster state as operators read it: devices, node booking and tenant usage.
 
-``dump_state --json`` prints exactly this (SPEC §8), and the admin and the catalog read
+``dump_state --json`` prints exactly this, and the admin and the catalog read
 the same numbers, all computed by the engine's one ledger from one snapshot.
 """
 
@@ -18,7 +18,7 @@ from binder.mirror.read import read_cluster
 
 
 def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
-    """The SPEC §8 state document: lists sorted by namespace then name, integers in units."""
+    """The state document (devices, nodes, tenants): lists sorted by namespace then name, integers in units."""
     if cluster is None:
         cluster, _ = read_cluster(timezone.now())
     ledger = ledger_for(cluster)

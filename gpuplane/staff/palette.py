@@ -1,4 +1,4 @@
-"""Colours for tenants and chart series that every eye can tell apart (issue 18).
+"""Colours for tenants and chart series that every eye can tell apart.
 
 A hashed hue per tenant gave 225 colours for 250 tenants: most were indistinguishable,
 some (yellow, 1.44:1 on white) were barely visible, and green and yellow merged under

@@ -1,1 +1,1 @@
-"""The tenant API (SPEC §8): base view, fields, filters, renderers, serializers, views, catalog."""
+"""The tenant API: base view, fields, filters, renderers, serializers, views, catalog."""

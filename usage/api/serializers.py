@@ -58,7 +58,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-a
 class KeyUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
     key = serializers.CharField(help_text="a class name, or a raw resource name (contains /)")
     kind = serializers.ChoiceField(choices=["class", "raw"])
-    used = serializers.IntegerField(help_text="units in use now (SPEC §3)")
+    used = serializers.IntegerField(help_text="units in use now")
     limit = serializers.IntegerField(allow_null=True, help_text="smallest limit over the tenant's budgets; null: none")
     remaining = serializers.IntegerField(allow_null=True, help_text="limit − used, at least 0; null: no limit")
     gpuHours = serializers.FloatField(
@@ -125,5 +125,3 @@ class DecisionSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "toNode",
             "reason",
         ]
-
-

@@ -1,4 +1,4 @@
-"""The tenant API (SPEC §8): usage, usage records, devices and their decision history.
+"""The tenant API: usage, usage records, devices and their decision history.
 
 Every view here derives from :class:`TenantScopedView`, which is where tenant scoping
 happens, once: querysets pass the user's visible namespaces to ``for_tenant``, and a

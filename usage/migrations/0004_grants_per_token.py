@@ -1,4 +1,4 @@
-"""Grants per token (issue 16): each of a user's tokens gets the user's grants it had
+"""Grants per token: each of a user's tokens gets the user's grants it had
 (nobody loses or gains access by the upgrade), then the grant names its token."""
 
 import django.db.models.deletion

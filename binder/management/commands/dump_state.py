@@ -1,4 +1,4 @@
-"""``manage.py dump_state --json``: the placement, booking and usage document of SPEC §8."""
+"""``manage.py dump_state --json``: one document of placement, node booking and tenant usage."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from binder.reports.state import cluster_state
 
 
 class Command(BaseCommand):
-    help = "Print devices, node booking and tenant usage (--json: the exact SPEC §8 shape)."
+    help = "Print devices, node booking and tenant usage (--json: one stable JSON document)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON (the stable, scriptable shape)")

@@ -8,8 +8,8 @@ When the set is not placed yet the webhook asks the binder:
    process at commit, so the answer is already there when the commit returns);
 2. wait up to ``GPUPLANE_BIND_WAIT_SECONDS`` until every device's ``answered_request``
    is that id. The database is the truth; on PostgreSQL the process's ``LISTEN``
-   connection (``binder.runtime.answers``) says when to look again, instead of Celery's
-   0.5 s result polling; elsewhere it polls every 50 ms.
+   connection (``binder.runtime.answers``) says when to look again (a wait costs no
+   query while nothing happens); elsewhere it polls every 50 ms.
 
 Database failures (a dropped connection, a restart) end in a clear denial the caller
 can retry; every denial's wording is in ``webhooks.admission``.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import threading
 import time
@@ -47,9 +48,12 @@ log = logging.getLogger(__name__)
 
 #: Polling interval where there is no notification (SQLite, or LISTEN unavailable).
 POLL_SECONDS = 0.05
-#: With LISTEN, the database is still re-read this often in case a notification is lost
-#: (e.g. the listening connection broke); notifications normally wake the wait at once.
-RECHECK_SECONDS = 1.0
+#: With a healthy LISTEN connection a wait re-reads the database only when woken: by a
+#: pass's notification, or by the listener itself when its connection broke and again
+#: when it listens anew (a notification sent in between is lost, so every waiter looks
+#: once more). Nothing is read on a timer while nothing happens, until the deadline's
+#: final read.
+RECHECK_SECONDS = math.inf
 #: The wait ends this long before the apiserver's own deadline, leaving time to answer.
 TIMEOUT_MARGIN = 1.5
 

@@ -61,6 +61,7 @@ from binder import models
 from binder.engine import Ledger, Node, build_ledger
 from binder.engine import types as e
 from binder.mirror.read import engine_settings
+from binder.runtime.feed import OwnWrites
 from binder.runtime.mirror_state import Catchup, MirrorState
 from binder.runtime.verify import compare_records
 
@@ -112,6 +113,8 @@ class ReadModel(MirrorState):
         #: Set once the model has been built (``/readyz``).
         self.built = threading.Event()
         self.counters = Counters()
+        #: Moves whenever a record changes or everything was read again (pages cache by it).
+        self.generation = 0
 
     def _reset(self, why: str) -> None:
         super()._reset(why)
@@ -122,8 +125,15 @@ class ReadModel(MirrorState):
 
     # -- keeping the index current --------------------------------------------------------------
 
+    def follow(self, skip: OwnWrites | None = None) -> Catchup:
+        catch = super().follow(skip)
+        if catch.view == "incremental" and any(catch.changed.values()):
+            self.generation += 1
+        return catch
+
     def rebuild(self, reason: str) -> Catchup:
         clock = time.perf_counter()
+        self.generation += 1
         catch = super().rebuild(reason)
         for kind in NAMESPACED:
             for object_id, record in self.records[kind].items():
@@ -286,6 +296,7 @@ class ReadModel(MirrorState):
         theirs = other.cursor
         self.cursor = dataclasses.replace(theirs, pruned=self.cursor.pruned, anchor_name=self.worker)
         self.verified_at = time.monotonic()
+        self.generation += 1
 
     # -- what the web reads -----------------------------------------------------------------------
 

@@ -23,8 +23,10 @@ drops the model, so the next call rebuilds rather than trust a half-applied chan
 **Pruning.** The binder deletes feed entries every live reader has applied; readers are
 the rows of ``FeedReader``. The model keeps one row per process (``readmodel:<host>:<pid>:…``),
 written when built and then at most every :data:`READER_EVERY_SECONDS` (never once per
-call: that would be a write per decision). The recorded position lags the real one, which
-only keeps a few more entries. Without a row the binder would prune past the model after
+call: that would be a write per decision). The recorded position and horizon lag the
+real ones, which only keeps a few more entries: they come from one read, so every
+transaction that can still commit below the recorded position is in the recorded
+horizon (see ``binder.runtime.feed``). Without a row the binder would prune past the model after
 each full pass and every call after it would rebuild. A process that stops being seen for
 ``GPUPLANE_FEED_RETENTION_SECONDS`` loses its row; its next follow finds its mark gone and
 rebuilds, as the binder does.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -214,13 +217,12 @@ class ReadModel(MirrorState):
         self._maybe_verify()
 
     def _register(self) -> None:
-        """Record a position at or below the one the build is about to read, so no
-        pruning between the build's read of the feed and its first recorded position
-        deletes entries it needs."""
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT coalesce(max(position), 0) FROM binder_change")
-            (top,) = cursor.fetchone()
-        self._write_reader(int(top), ())
+        """Before a build: hold every entry (position 0) until the build's own position
+        and horizon are recorded, right after it. The recorded pair must come from one
+        read of the feed: a late commit below it is kept only because its transaction is
+        in that read's horizon."""
+        self._write_reader(0, ())
+        self._reader_written = -math.inf
 
     def _record_reader(self) -> None:
         self._write_reader(self.position, self.horizon)

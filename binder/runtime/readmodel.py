@@ -43,6 +43,7 @@ dataclasses, the views tuples), so a call decides outside the model's lock.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -52,7 +53,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -61,7 +62,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from binder import models
-from binder.engine import Ledger, Node, build_ledger
+from binder.engine import Node
 from binder.engine import types as e
 from binder.mirror.read import engine_settings
 from binder.runtime.feed import OwnWrites
@@ -206,6 +207,7 @@ class ReadModel(MirrorState):
                 self.follow()
             except BaseException:
                 self.counters.failures += 1
+                log.warning("read model %s: a follow failed; it is read again on next use", self.worker, exc_info=True)
                 self.invalidate("a follow of the change feed failed part way")
                 raise
             self.counters.follows += 1
@@ -302,9 +304,28 @@ class ReadModel(MirrorState):
 
     # -- what the web reads -----------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the model's lock over a model that is built.
+
+        Called after :meth:`current`: a follow another call ran since may have failed
+        and dropped the model, and an empty model must never answer; it is then brought
+        current again (rebuilt) first. The result is at least as fresh as the caller's
+        own :meth:`current`."""
+        while True:
+            self.lock.acquire()
+            if self.valid:
+                break
+            self.lock.release()
+            self.current()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def slice(self, namespace: str) -> Slice:
         """The records of ``namespace`` (call :meth:`current` first)."""
-        with self.lock:
+        with self.reading():
             found = self._slices.get(namespace)
             if found is not None:
                 return found
@@ -321,13 +342,12 @@ class ReadModel(MirrorState):
                 classes=self._tuple("GPUClass"),
                 nodes=tuple(nodes_by_name[n] for n in on if n in nodes_by_name),
             )
-            if self.valid:
-                self._slices[namespace] = found
+            self._slices[namespace] = found
             return found
 
     def nodes(self, names: Iterable[str]) -> tuple[Node, ...]:
         """The model's nodes of ``names`` (missing ones left out)."""
-        with self.lock:
+        with self.reading():
             by_name, _ = self.node_cache.index(self._tuple("Node"))
             return tuple(by_name[n] for n in sorted(set(names)) if n in by_name)
 
@@ -335,19 +355,8 @@ class ReadModel(MirrorState):
         self, now: datetime, options: e.Settings | None = None
     ) -> tuple[e.Cluster, dict[tuple[str, str], int]]:
         """The whole model as one engine snapshot and the device ids (copies: safe to keep)."""
-        with self.lock:
+        with self.reading():
             return self.cluster(now, options or engine_settings()), dict(self.device_ids)
-
-    def fresh_ledger(self) -> Ledger:
-        """A ledger of the whole model of its own (the model's ledger changes as it follows)."""
-        with self.lock:
-            return build_ledger(
-                classes=self._tuple("GPUClass"),
-                nodes=self._tuple("Node"),
-                devices=self._tuple("GPU"),
-                pods=self._tuple("Pod"),
-                vmis=self._tuple("VirtualMachineInstance"),
-            )
 
 
 def _retention() -> float:

@@ -80,6 +80,6 @@ class GpuOptionsView(TenantScopedView):
             raise ValidationError({"namespace": ["this query parameter is required"]})
         self.tenant(namespace)
         model = read_model()
-        with model.lock:  # the model's ledger moves as the model follows the feed
+        with model.reading():  # the model's ledger moves as the model follows the feed
             options = gpu_options(model.cluster(timezone.now(), engine_settings()), namespace, model.ledger())
         return Response(GpuOptionSerializer(options, many=True).data)

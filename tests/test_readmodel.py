@@ -23,12 +23,14 @@ import psycopg
 import pytest
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from prometheus_client import generate_latest
 
 from binder import models
+from binder.engine import Ledger, ledger_for
 from binder.metrics import REGISTRY
 from binder.mirror.snapshot import load_objects
 from binder.runtime import readmodel
@@ -358,3 +360,32 @@ def test_verification_finds_a_drifted_model_counts_it_and_continues_from_a_fresh
     _same_as_scratch(fresh_model)
     text = generate_latest(REGISTRY).decode()
     assert 'gpuplane_readmodel_verify_mismatches_total{process="test"} 1.0' in text
+
+
+def _ledger_facts(ledger: Ledger) -> tuple[Any, ...]:
+    return (
+        {n: dict(c) for n, c in ledger.booked.items() if any(c.values())},
+        {n: dict(c) for n, c in ledger.used.items() if any(c.values())},
+        {r: {f: list(ns) for f, ns in b.items() if ns} for r, b in ledger.by_free.items()},
+        {n: set(s) for n, s in ledger.sets_on.items() if s},
+        {k: repr(v) for k, v in ledger.holdings().items()},
+    )
+
+
+@pytest.mark.django_db
+def test_a_snapshot_has_a_ledger_of_its_own_equal_to_one_built_from_it(fresh_model: ReadModel) -> None:
+    """The board and the catalog read a copy of the model's ledger: the same numbers as a
+    ledger built from the snapshot, and unmoved by later follows."""
+    _vm1_bound("n1")
+    load_objects([plain_pod_obj("t1", "raw", H100, 1, "n2")])
+    fresh_model.current()
+    first = fresh_model.snapshot(timezone.now())  # builds the ledger (the model had none)
+    assert _ledger_facts(first.ledger) == _ledger_facts(ledger_for(first.cluster))
+    second = fresh_model.snapshot(timezone.now())  # a copy of the model's own
+    assert _ledger_facts(second.ledger) == _ledger_facts(first.ledger)
+    before = _ledger_facts(second.ledger)
+    models.GpuDevice.objects.filter(name__in=["g0", "g1"]).update(node="n2")
+    fresh_model.current()
+    assert _ledger_facts(second.ledger) == before  # a later follow moved only the model's
+    third = fresh_model.snapshot(timezone.now())
+    assert _ledger_facts(third.ledger) == _ledger_facts(ledger_for(third.cluster)) != before

@@ -179,6 +179,33 @@ class Ledger:
             out[pod.node].append(Holding(resource, units, pod=pod, launcher=launcher))
         return out
 
+    def copy(self) -> Ledger:
+        """An independent ledger with the same contents, in time linear in nodes and sets.
+
+        For a reader that keeps one ledger current (a web process's read model) and hands
+        a page a ledger of its own that later commits will not move. What :meth:`commit`
+        changes in place (the per-node and per-tenant counters, the free-units buckets,
+        the sets per node) is copied; what it replaces (each set's contribution and
+        devices) and what it never changes (classes, nodes, pods) is shared.
+        """
+        twin = Ledger.__new__(Ledger)
+        twin.classes = self.classes
+        twin.nodes = self.nodes
+        twin.booked = defaultdict(Counter, {k: Counter(v) for k, v in self.booked.items()})
+        twin.device_booked = defaultdict(Counter, {k: Counter(v) for k, v in self.device_booked.items()})
+        twin.used = defaultdict(Counter, {k: Counter(v) for k, v in self.used.items()})
+        twin.launcher_pods = defaultdict(list, {k: list(v) for k, v in self.launcher_pods.items()})
+        twin.plain_pods = list(self.plain_pods)
+        twin._contrib = dict(self._contrib)
+        twin._devices = dict(self._devices)
+        twin.class_held = {phase: Counter(held) for phase, held in self.class_held.items()}
+        twin.sets_on = defaultdict(set, {k: set(v) for k, v in self.sets_on.items()})
+        twin.by_free = defaultdict(
+            dict, {r: {free: list(names) for free, names in buckets.items()} for r, buckets in self.by_free.items()}
+        )
+        twin._indexed = self._indexed
+        return twin
+
     def over_booked(self, node: str) -> list[str]:
         """Resources of ``node`` booked beyond allocatable, sorted."""
         return sorted(r for r, units in self.booked[node].items() if units > 0 and self.free(node, r) < 0)

@@ -62,7 +62,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from binder import models
-from binder.engine import Node
+from binder.engine import Ledger, Node, ledger_for
 from binder.engine import types as e
 from binder.mirror.read import engine_settings
 from binder.runtime.feed import OwnWrites
@@ -351,12 +351,38 @@ class ReadModel(MirrorState):
             by_name, _ = self.node_cache.index(self._tuple("Node"))
             return tuple(by_name[n] for n in sorted(set(names)) if n in by_name)
 
-    def snapshot(
-        self, now: datetime, options: e.Settings | None = None
-    ) -> tuple[e.Cluster, dict[tuple[str, str], int]]:
-        """The whole model as one engine snapshot and the device ids (copies: safe to keep)."""
+    def snapshot(self, now: datetime, options: e.Settings | None = None) -> Snapshot:
+        """The whole model as one engine snapshot, the device ids and a ledger of its own
+        (safe to keep and read without the lock: later follows move none of them).
+
+        The ledger is a copy of the one the model keeps current (linear in nodes and sets,
+        where building one reads every device: 1.6 s at 100k). When the model has none
+        (a node, class, pod or VMI changed since) it is built from the snapshot outside
+        the lock, so calls deciding meanwhile do not wait, and kept by the model if
+        nothing changed in between.
+        """
         with self.reading():
-            return self.cluster(now, options or engine_settings()), dict(self.device_ids)
+            cluster = self.cluster(now, options or engine_settings())
+            ids = dict(self.device_ids)
+            generation = self.generation
+            ledger = self._ledger.copy() if self._ledger is not None else None
+        if ledger is None:
+            ledger = ledger_for(cluster)
+            with self.lock:
+                if self.valid and self._ledger is None and self.generation == generation:
+                    self._ledger = ledger.copy()
+        return Snapshot(cluster, ids, ledger, generation)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The model at one moment, as the engine reads it."""
+
+    cluster: e.Cluster
+    ids: dict[tuple[str, str], int]
+    """(namespace, name) of each device -> its row id."""
+    ledger: Ledger
+    generation: int
 
 
 def _retention() -> float:

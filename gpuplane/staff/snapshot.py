@@ -24,7 +24,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from binder.engine import Holding, Ledger, ledger_for
+from binder.engine import Holding, Ledger
 from binder.engine import types as e
 from binder.runtime.readmodel import read_model
 
@@ -56,13 +56,11 @@ def snapshot(now: datetime) -> Snapshot:
     with _lock:
         if _cached is not None and _cached[0] == key and time.monotonic() - _cached[1] < MAX_AGE_SECONDS:
             return _cached[2]
-    cluster, ids = model.snapshot(now)
-    # The snapshot's records are immutable tuples: its own ledger is built outside the
-    # model's lock (the model's ledger keeps changing as it follows the feed).
-    ledger = ledger_for(cluster)
+    taken = model.snapshot(now)
+    cluster, ids, ledger = taken.cluster, taken.ids, taken.ledger
     fresh = Snapshot(cluster, ids, ledger, ledger.holdings())
     with _lock:
-        _cached = (key, time.monotonic(), fresh)
+        _cached = ((id(model), taken.generation), time.monotonic(), fresh)
     return fresh
 
 

@@ -79,7 +79,6 @@ class GpuOptionsView(TenantScopedView):
         if not namespace:
             raise ValidationError({"namespace": ["this query parameter is required"]})
         self.tenant(namespace)
-        model = read_model()
-        with model.reading():  # the model's ledger moves as the model follows the feed
-            options = gpu_options(model.cluster(timezone.now(), engine_settings()), namespace, model.ledger())
+        taken = read_model().snapshot(timezone.now(), engine_settings())
+        options = gpu_options(taken.cluster, namespace, taken.ledger)
         return Response(GpuOptionSerializer(options, many=True).data)

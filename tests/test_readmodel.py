@@ -162,12 +162,19 @@ class MirrorChanges(RuleBasedStateMachine):
     def follow(self) -> None:
         self.model.current()
 
+    @rule()
+    def take_a_snapshot(self) -> None:
+        """A page's snapshot: the model keeps the ledger it builds, then keeps it current."""
+        self.model.snapshot(timezone.now())
+
     @invariant()
     def current_equals_scratch(self) -> None:
         if self.late is not None:
             return  # the scratch read would not see the uncommitted row either; checked after the commit
         self.model.current()
         _same_as_scratch(self.model)
+        taken = self.model.snapshot(timezone.now())
+        assert _ledger_facts(taken.ledger) == _ledger_facts(ledger_for(taken.cluster))
 
     def teardown(self) -> None:
         if self.late is not None:
@@ -366,7 +373,7 @@ def _ledger_facts(ledger: Ledger) -> tuple[Any, ...]:
     return (
         {n: dict(c) for n, c in ledger.booked.items() if any(c.values())},
         {n: dict(c) for n, c in ledger.used.items() if any(c.values())},
-        {r: {f: list(ns) for f, ns in b.items() if ns} for r, b in ledger.by_free.items()},
+        {r: {f: list(ns) for f, ns in b.items() if ns} for r, b in ledger.by_free.items() if any(b.values())},
         {n: set(s) for n, s in ledger.sets_on.items() if s},
         {k: repr(v) for k, v in ledger.holdings().items()},
     )

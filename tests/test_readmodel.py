@@ -371,8 +371,8 @@ def test_verification_finds_a_drifted_model_counts_it_and_continues_from_a_fresh
 
 def _ledger_facts(ledger: Ledger) -> tuple[Any, ...]:
     return (
-        {n: dict(c) for n, c in ledger.booked.items() if any(c.values())},
-        {n: dict(c) for n, c in ledger.used.items() if any(c.values())},
+        {n: {k: v for k, v in c.items() if v} for n, c in ledger.booked.items() if any(c.values())},
+        {n: {k: v for k, v in c.items() if v} for n, c in ledger.used.items() if any(c.values())},
         {r: {f: list(ns) for f, ns in b.items() if ns} for r, b in ledger.by_free.items() if any(b.values())},
         {n: set(s) for n, s in ledger.sets_on.items() if s},
         {k: repr(v) for k, v in ledger.holdings().items()},

@@ -15,7 +15,11 @@ for:
   pass on the worker and waits (LISTEN/NOTIFY) for the answer;
 
 each idle and again while a separate process runs full passes back to back (passes
-serialize on the advisory lock, so this models a busy binder).
+serialize on the advisory lock, so this models a busy binder). Each case prints calls/s
+and the server's CPU per call (user + system time of the webhook server's processes over
+the case, from /proc, divided by its calls). Before the server starts, one read model is
+built in a fresh process: its build time and the memory it added; the web processes'
+resident memory is read again after the run.
 
     .venv/bin/python bench/webhook_bench.py                       # gpuplane_bench (10k nodes)
     .venv/bin/python bench/webhook_bench.py --calls 100 --pending 40 \\

@@ -15,7 +15,11 @@ for:
   pass on the worker and waits (LISTEN/NOTIFY) for the answer;
 
 each idle and again while a separate process runs full passes back to back (passes
-serialize on the advisory lock, so this models a busy binder).
+serialize on the advisory lock, so this models a busy binder). Each case prints calls/s
+and the server's CPU per call (user + system time of the webhook server's processes over
+the case, from /proc, divided by its calls). Before the server starts, one read model is
+built in a fresh process: its build time and the memory it added; the web processes'
+resident memory is read again after the run.
 
     .venv/bin/python bench/webhook_bench.py                       # gpuplane_bench (10k nodes)
     .venv/bin/python bench/webhook_bench.py --calls 100 --pending 40 \\
@@ -100,6 +104,86 @@ def run_child_loop() -> None:
         clock = time.perf_counter()
         run = run_pass("full")
         print(json.dumps({"duration": time.perf_counter() - clock, "written": run.devices_written}), flush=True)
+
+
+# -- the server's processes: CPU and memory ------------------------------------------------------
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (the webhook server and its workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, ()))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of the server's processes so far (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for each in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def worker_rss_mib(pid: int) -> list[float]:
+    """Resident memory of each process below the server (its web workers), MiB."""
+    out = []
+    for each in process_tree(pid)[1:]:
+        try:
+            status = Path(f"/proc/{each}/status").read_text()
+        except OSError:
+            continue
+        kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        out.append(kib / 1024)
+    return sorted(out, reverse=True)
+
+
+def measure_build(database_url: str) -> dict[str, float]:
+    """Build one read model in a fresh process: seconds and the RSS it added (``--child-build``)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", database_url, "--child-build"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)  # noqa: S603
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_child_build() -> None:
+    """``--child-build``: RSS before and after one read model build, and its time."""
+    import gc
+
+    from binder.runtime.readmodel import ReadModel
+
+    def rss() -> float:
+        status = Path("/proc/self/status").read_text()
+        return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
+
+    model = ReadModel("bench")
+    gc.collect()
+    before = rss()
+    clock = time.perf_counter()
+    model.current()
+    seconds = time.perf_counter() - clock
+    gc.collect()
+    after = rss()
+    clock = time.perf_counter()
+    model.current()
+    follow = time.perf_counter() - clock
+    print(json.dumps({"build_seconds": seconds, "rss_mib_added": after - before, "rss_mib": after,
+                      "idle_follow_ms": follow * 1000, "devices": len(model.records["GPU"])}))  # fmt: skip
 
 
 # -- the calls -----------------------------------------------------------------------------
@@ -205,12 +289,14 @@ def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = Non
 
 
 def run_case(
-    name: str, url: str, bodies: list[Any], clients: int, pending: PendingSets | None = None
+    name: str, url: str, bodies: list[Any], clients: int, pending: PendingSets | None = None, server: int = 0
 ) -> dict[str, Any]:
+    cpu = cpu_seconds(server) if server else 0.0
     clock = time.perf_counter()
     with ThreadPoolExecutor(max_workers=clients) as pool:
         results = list(pool.map(lambda body: call(url, body, pending), bodies))
     wall = time.perf_counter() - clock
+    cpu = cpu_seconds(server) - cpu if server else 0.0
     latencies = [r[0] for r in results]
     outcome = {k: sum(1 for r in results if r[1] == k) for k in ("allowed", "denied", "error")}
     messages = sorted({r[2] for r in results if r[1] != "allowed"})
@@ -225,12 +311,15 @@ def run_case(
         "max": max(latencies),
         "mean": statistics.fmean(latencies),
         "timeouts": timeouts,
+        "calls_per_s": len(results) / wall,
+        "server_cpu_ms_per_call": cpu * 1000 / len(results) if server else None,
         "messages": messages[:5],
         **outcome,
     }
     print(
         f"{name}: {len(results)} calls in {wall:.1f} s, p50 {case['p50'] * 1000:.0f} ms, "
-        f"p99 {case['p99'] * 1000:.0f} ms, {outcome}",
+        f"p99 {case['p99'] * 1000:.0f} ms, {len(results) / wall:.0f} calls/s, "
+        f"server CPU {case['server_cpu_ms_per_call'] or 0:.2f} ms/call, {outcome}",
         file=sys.stderr,
         flush=True,
     )
@@ -252,11 +341,15 @@ def main() -> None:
     parser.add_argument("--web-threads", type=int, default=26)
     parser.add_argument("--skip-load", action="store_true", help="only the idle cases")
     parser.add_argument("--child-loop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     setup_django(args.database_url, migrate=False)
     if args.child_loop:
         run_child_loop()
+        return
+    if args.child_build:
+        run_child_build()
         return
     if database_name(args.database_url) in {"test", "postgres", "gpuplane"}:
         raise SystemExit("give a bench database, e.g. " + DEFAULT_URL)
@@ -282,6 +375,9 @@ def main() -> None:
     loop: PassLoop | None = None
     pending: PendingSets | None = None
     server_log: dict[str, int] = {}
+    build = measure_build(args.database_url)
+    print(f"read model: built in {build['build_seconds']:.2f} s, +{build['rss_mib_added']:.0f} MiB", file=sys.stderr)
+    rss: list[float] = []
     with tempfile.TemporaryDirectory(prefix="whbench-") as tmp:
         var = Path(tmp)
         env = child_env(args, key_prefix, var)
@@ -295,18 +391,25 @@ def main() -> None:
             pending = PendingSets(args.database_url, class_name, generous_tenants())
             bound = bound_bodies(args.calls)
             # Warm up: every gunicorn thread's connection, the worker's first pass.
-            run_case("warm-up (not reported)", url, bound[: 2 * args.clients], args.clients)
-            run_case("warm-up (not reported)", url, pending.specs("warm", 1), 1, pending)
+            run_case("warm-up (not reported)", url, bound[: 2 * args.clients], args.clients, server=server.pid)
+            run_case("warm-up (not reported)", url, pending.specs("warm", 1), 1, pending, server.pid)
 
-            cases.append(run_case("(a) Bound sets, idle, 1 client", url, bound[: args.serial_calls], 1))
-            cases.append(run_case("(a) Bound sets, idle", url, bound, args.clients))
+            serial = bound[: args.serial_calls]
+            cases.append(run_case("(a) Bound sets, idle, 1 client", url, serial, 1, server=server.pid))
+            cases.append(run_case("(a) Bound sets, idle", url, bound, args.clients, server=server.pid))
             if args.serial_pending:
                 case = run_case(
-                    "(b) Pending sets, idle, 1 client", url, pending.specs("serial", args.serial_pending), 1, pending
+                    "(b) Pending sets, idle, 1 client",
+                    url,
+                    pending.specs("serial", args.serial_pending),
+                    1,
+                    pending,
+                    server.pid,
                 )
                 case["needed_pass"] = pending.needed_pass("serial")
                 cases.append(case)
-            case = run_case("(b) Pending sets, idle", url, pending.specs("idle", args.pending), args.clients, pending)
+            specs = pending.specs("idle", args.pending)
+            case = run_case("(b) Pending sets, idle", url, specs, args.clients, pending, server.pid)
             case["needed_pass"] = pending.needed_pass("idle")
             cases.append(case)
             delete_inserted()
@@ -315,14 +418,20 @@ def main() -> None:
                 loop = PassLoop(args)
                 loop.wait_passes(1)
                 start = len(loop.durations)
-                cases.append(run_case("(c) Bound sets, full passes back to back", url, bound, args.clients))
+                cases.append(
+                    run_case("(c) Bound sets, full passes back to back", url, bound, args.clients, server=server.pid)
+                )
                 specs = pending.specs("load", args.pending)
-                case = run_case("(c) Pending sets, full passes back to back", url, specs, args.clients, pending)
+                case = run_case(
+                    "(c) Pending sets, full passes back to back", url, specs, args.clients, pending, server.pid
+                )
                 case["needed_pass"] = pending.needed_pass("load")
                 cases.append(case)
                 loop.stop()
                 loop_passes = loop.durations[start:]
         finally:
+            if server is not None:
+                rss = worker_rss_mib(server.pid)
             if loop is not None:
                 loop.stop()
             if pending is not None:
@@ -337,6 +446,9 @@ def main() -> None:
             for key in broker.scan_iter(match=key_prefix + "*"):
                 broker.delete(key)
             print(f"cleaned up: {deleted} devices deleted, subprocesses stopped", file=sys.stderr)
+    server_log["read model build (ms)"] = round(build["build_seconds"] * 1000)
+    server_log["read model RSS added (MiB)"] = round(build["rss_mib_added"])
+    server_log["web process RSS after the run (MiB)"] = round(max(rss, default=0))
     report(args, counts, cases, loop_passes, server_log)
 
 
@@ -361,12 +473,19 @@ def report(
         )
     print("Server log: " + ", ".join(f"{k} {v}" for k, v in server_log.items()) + ".")
     print()
-    print("| case | calls | p50 | p99 | max | allowed | denied (timeouts) | errors | sent to the binder |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"Load average at the end: {os.getloadavg()[0]:.2f} (1 min).")
+    print()
+    print(
+        "| case | calls | calls/s | p50 | p99 | max | server CPU / call | allowed | denied (timeouts) | errors "
+        "| sent to the binder |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cases:
+        cpu = c.get("server_cpu_ms_per_call")
         print(
-            f"| {c['case']} | {c['calls']} | {c['p50'] * ms:.0f} ms | {c['p99'] * ms:.0f} ms | {c['max'] * ms:.0f} ms "
-            f"| {c['allowed']} | {c['denied']} ({c['timeouts']}) | {c['error']} | {c.get('needed_pass', '–')} |"
+            f"| {c['case']} | {c['calls']} | {c['calls_per_s']:.0f} | {c['p50'] * ms:.1f} ms | {c['p99'] * ms:.1f} ms "
+            f"| {c['max'] * ms:.0f} ms | {'–' if cpu is None else f'{cpu:.2f} ms'} | {c['allowed']} "
+            f"| {c['denied']} ({c['timeouts']}) | {c['error']} | {c.get('needed_pass', '–')} |"
         )
     print()
     print("<details><summary>raw figures (JSON)</summary>\n")

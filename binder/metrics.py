@@ -40,6 +40,7 @@ from binder import models
 from binder.engine.types import Outcome
 from binder.mirror.write import MODELS
 from binder.queue import BINDER_QUEUE, COLLAPSE_KEY, collapse_key
+from binder.runtime import readmodel
 
 log = logging.getLogger(__name__)
 
@@ -377,10 +378,71 @@ def queue_metrics() -> Iterator[Metric]:
     yield flags
 
 
-#: The registry /metrics serves: only the database collector (a process's own metrics
-#: would describe whichever gunicorn process happened to answer).
+class ReadModelCollector(Collector):
+    """The read model of the web process that answered the scrape (``binder.runtime.readmodel``).
+
+    The one exception to "the database is the truth": the model lives in each web
+    process's memory, so these series describe the process that answered (labelled with
+    its reader name). A verification mismatch is also logged at ERROR with the objects,
+    so it is never only in the memory of a process that was not scraped.
+    """
+
+    def collect(self) -> Iterable[Metric]:
+        model = readmodel.MODEL
+        counters = model.counters
+        labels = ["process"]
+        value = [model.worker]
+        families = [
+            (
+                CounterMetricFamily,
+                "gpuplane_readmodel_verify_mismatches",
+                "Differences a verification found between this web process's read model and a read "
+                "from scratch; anything above 0 is a bug, logged with the objects.",
+                counters.mismatches,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuplane_readmodel_verifications",
+                "Verifications of this web process's read model.",
+                counters.verifications,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuplane_readmodel_rebuilds",
+                "Times this web process read the whole mirror into its read model.",
+                counters.rebuilds,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuplane_readmodel_follows",
+                "Follows of the change feed by this web process's read model.",
+                counters.follows,
+            ),
+            (
+                GaugeMetricFamily,
+                "gpuplane_readmodel_build_seconds",
+                "How long this web process's last full read of the mirror took.",
+                counters.build_seconds,
+            ),
+            (
+                GaugeMetricFamily,
+                "gpuplane_readmodel_ready",
+                "1 once the read model is built.",
+                int(model.built.is_set()),
+            ),
+        ]
+        for family, name, documentation, number in families:
+            metric = family(name, documentation, labels=labels)
+            metric.add_metric(value, number)
+            yield metric
+
+
+#: The registry /metrics serves: the database collector (a process's own counters would
+#: describe whichever gunicorn process happened to answer), plus the answering process's
+#: read model.
 REGISTRY = CollectorRegistry(auto_describe=False)
 REGISTRY.register(DatabaseCollector())
+REGISTRY.register(ReadModelCollector())
 
 
 def _authorized(request: HttpRequest, token: str) -> bool:

@@ -8,6 +8,7 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from binder.metrics import metrics_view
+from binder.runtime import readmodel
 from usage.api.catalog import GpuOptionsView
 from webhooks.views import VmiAdmissionView
 
@@ -15,6 +16,18 @@ from webhooks.views import VmiAdmissionView
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness for probes and for ``make demo`` to know the server is up."""
     return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: 503 until this process's read model of the mirror is built, then 200.
+
+    The webhook, the catalog and the board decide from the model; before it is built the
+    first call would wait for the build (seconds at 100k devices). Liveness (``/healthz``)
+    does not depend on it."""
+    model = readmodel.MODEL
+    if not model.built.is_set():
+        return JsonResponse({"status": "building the read model", "reason": model.why_invalid}, status=503)
+    return JsonResponse({"status": "ready", "devices": len(model.records["GPU"]), "nodes": len(model.records["Node"])})
 
 
 #: The API docs pages start Swagger UI / Redoc with an inline script (drf-spectacular's
@@ -32,6 +45,7 @@ admin.site.index_title = "GPU placement, budgets and usage"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", csp_override(DOCS_CSP)(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),

@@ -45,6 +45,10 @@ from tests.staff_cluster import load_staff_cluster
 hypothesis_settings.register_profile("ci", derandomize=True)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# Importing gpuplane.wsgi (the schema fuzzer does) would start building the read model in a
+# thread against whatever database is current; tests build it on first use instead.
+os.environ.setdefault("GPUPLANE_READ_MODEL_AT_START", "false")
+
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:

@@ -160,8 +160,11 @@ def test_the_snapshot_is_reused_until_the_feed_changes(admin_client: Client, fle
         return len(captured)
 
     cold = queries()
-    assert queries() < cold  # the mirror is not read again: the feed has not moved
+    warm = queries()
+    assert warm < cold  # the mirror is not read again: the feed has not moved
     models.Node.objects.filter(name="node-001").update(unschedulable=True)
-    assert queries() == cold  # a change is seen at once: the feed moved
+    # A change is seen at once: the read model follows the feed and re-reads the one
+    # changed row, not the mirror.
+    assert queries() <= warm + 1
     row = _get(admin_client).split('data-node="node-001"', 1)[1].split("</tr>", 1)[0]
     assert "cordoned" in row

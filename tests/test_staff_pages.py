@@ -26,6 +26,7 @@ from binder import models
 from binder.actions import PassOutcome, full_pass_now
 from binder.mirror.snapshot import load_file
 from binder.reports.state import cluster_state
+from binder.runtime import readmodel
 from binder.runtime.passes import run_pass
 from tests.accounts import account, token_client
 from tests.shapes import (
@@ -252,6 +253,7 @@ def _synthetic(nodes: int) -> None:
 
 
 def _board_queries(client: Client) -> tuple[int, int]:
+    readmodel.MODEL.invalidate("a page read from scratch")  # count a full read of the mirror
     with CaptureQueriesContext(connection) as queries:
         response = client.get(reverse(BOARD))
     assert response.status_code == 200
@@ -270,7 +272,7 @@ def test_board_queries_do_not_grow_with_nodes(admin_client: Client, django_asser
     with django_assert_max_num_queries(small):
         large, cells = _board_queries(admin_client)
     assert cells == 60 * 2
-    assert large == small <= 20
+    assert large <= small <= 20  # the first read also records this process as a feed reader
 
 
 # -- decision log -------------------------------------------------------------------------

@@ -8,8 +8,8 @@ When the set is not placed yet the webhook asks the binder:
    process at commit, so the answer is already there when the commit returns);
 2. wait up to ``GPUPLANE_BIND_WAIT_SECONDS`` until every device's ``answered_request``
    is that id. The database is the truth; on PostgreSQL the process's ``LISTEN``
-   connection (``binder.runtime.answers``) says when to look again, instead of Celery's
-   0.5 s result polling; elsewhere it polls every 50 ms.
+   connection (``binder.runtime.answers``) says when to look again (a wait costs no
+   query while nothing happens); elsewhere it polls every 50 ms.
 
 Database failures (a dropped connection, a restart) end in a clear denial the caller
 can retry; every denial's wording is in ``webhooks.admission``.
@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -35,9 +37,10 @@ from kubernetes.client import ApiException
 from binder import apiserver, models, queue
 from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
-from binder.mirror.read import engine_settings, read_rows
+from binder.mirror.read import engine_settings
 from binder.mirror.write import mirror_objects
 from binder.runtime.answers import listening
+from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
 from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
 
@@ -45,20 +48,24 @@ log = logging.getLogger(__name__)
 
 #: Polling interval where there is no notification (SQLite, or LISTEN unavailable).
 POLL_SECONDS = 0.05
-#: With LISTEN, the database is still re-read this often in case a notification is lost
-#: (e.g. the listening connection broke); notifications normally wake the wait at once.
-RECHECK_SECONDS = 1.0
+#: With a healthy LISTEN connection a wait re-reads the database only when woken: by a
+#: pass's notification, or by the listener itself when its connection broke and again
+#: when it listens anew (a notification sent in between is lost, so every waiter looks
+#: once more). Nothing is read on a timer while nothing happens, until the deadline's
+#: final read.
+RECHECK_SECONDS = math.inf
 #: The wait ends this long before the apiserver's own deadline, leaving time to answer.
 TIMEOUT_MARGIN = 1.5
 
 
 def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
-    """The mirrored nodes of ``names`` (missing ones are left out): the pin needs each
-    node's own ``kubernetes.io/hostname`` label, which may differ from its name."""
-    wanted = sorted({n for n in names if n})
+    """The nodes of ``names`` from this process's read model, brought current first
+    (missing ones are left out): the pin needs each node's own ``kubernetes.io/hostname``
+    label, which may differ from its name."""
+    wanted = {n for n in names if n}
     if not wanted:
         return ()
-    return tuple(read_rows("Node", queryset=models.Node.objects.filter(name__in=wanted)))
+    return read_model().nodes(wanted)
 
 
 def with_nodes(view: MirrorView, names: Iterable[str]) -> MirrorView:
@@ -67,23 +74,43 @@ def with_nodes(view: MirrorView, names: Iterable[str]) -> MirrorView:
     return dataclasses.replace(view, nodes=read_nodes(names))
 
 
+#: namespace -> (the model's slice it was made from, the view): a view is reused while its
+#: slice is (so its device index is built once per change of the namespace, not per call).
+_views: dict[str, tuple[Slice, MirrorView]] = {}
+_views_lock = threading.Lock()
+
+
 def mirror_view(namespace: str) -> MirrorView:
     """The mirror slice of one namespace that :func:`webhooks.admission.decide` reads:
-    its devices, the nodes they are on, all classes, and its budgets, pods and VMIs."""
-    scope = [namespace]
+    its devices, the nodes they are on, all classes, and its budgets, pods and VMIs.
+
+    From this process's read model, after a follow of the change feed that began after
+    this call arrived (``binder.runtime.readmodel``): every change committed before the
+    call is in it, and normally the follow found nothing, so the call read one row.
+    """
     engine = engine_settings()
-    devices = tuple(read_rows("GPU", scope))
-    return MirrorView(
-        namespace=namespace,
-        enabled=engine.enabled,
-        devices=devices,
-        nodes=read_nodes(d.node for d in devices),
-        classes=tuple(read_rows("GPUClass")),
-        budgets=tuple(read_rows("GPUBudget", scope)),
-        pods=tuple(read_rows("Pod", scope)),
-        vmis=tuple(read_rows("VirtualMachineInstance", scope)),
-        default_budget=engine.default_budget,
-    )
+    part = read_model().slice(namespace)
+    with _views_lock:
+        kept = _views.get(namespace)
+    if kept is not None and kept[0] is part:
+        view = kept[1]
+    else:
+        view = MirrorView(
+            namespace=namespace,
+            enabled=engine.enabled,
+            devices=part.devices,
+            nodes=part.nodes,
+            classes=part.classes,
+            budgets=part.budgets,
+            pods=part.pods,
+            vmis=part.vmis,
+            default_budget=engine.default_budget,
+        )
+        with _views_lock:
+            _views[namespace] = (part, view)
+    if view.enabled != engine.enabled or view.default_budget != engine.default_budget:
+        view = dataclasses.replace(view, enabled=engine.enabled, default_budget=engine.default_budget)
+    return view
 
 
 class _SetChanged(Exception):

@@ -179,6 +179,64 @@ class Ledger:
             out[pod.node].append(Holding(resource, units, pod=pod, launcher=launcher))
         return out
 
+    def copy(self) -> Ledger:
+        """An independent ledger with the same contents, in time linear in nodes and sets.
+
+        For a reader that keeps one ledger current (a web process's read model) and hands
+        a page a ledger of its own that later commits will not move. What :meth:`commit`
+        changes in place (the per-node and per-tenant counters, the free-units buckets,
+        the sets per node) is copied; what it replaces (each set's contribution and
+        devices) and what it never changes (classes, pods) is shared.
+        """
+        twin = Ledger.__new__(Ledger)
+        twin.classes = self.classes
+        twin.nodes = dict(self.nodes)
+        twin.booked = defaultdict(Counter, {k: Counter(v) for k, v in self.booked.items()})
+        twin.device_booked = defaultdict(Counter, {k: Counter(v) for k, v in self.device_booked.items()})
+        twin.used = defaultdict(Counter, {k: Counter(v) for k, v in self.used.items()})
+        twin.launcher_pods = defaultdict(list, {k: list(v) for k, v in self.launcher_pods.items()})
+        twin.plain_pods = list(self.plain_pods)
+        twin._contrib = dict(self._contrib)
+        twin._devices = dict(self._devices)
+        twin.class_held = {phase: Counter(held) for phase, held in self.class_held.items()}
+        twin.sets_on = defaultdict(set, {k: set(v) for k, v in self.sets_on.items()})
+        twin.by_free = defaultdict(
+            dict, {r: {free: list(names) for free, names in buckets.items()} for r, buckets in self.by_free.items()}
+        )
+        twin._indexed = self._indexed
+        return twin
+
+    def replace_node(self, name: str, node: Node | None) -> None:
+        """Make ``node`` the record of node ``name`` (None: the node is gone).
+
+        Only a node's allocatable is read from its record (what is booked there comes
+        from sets and pods), so the ledger stays what building it again would give: the
+        node leaves its free-units buckets and, if it still exists, joins the new ones.
+        """
+        nodes = dict(self.nodes)  # the mapping may be the caller's
+        old = nodes.get(name)
+        if old is not None:
+            for resource in set(old.allocatable) | set(self.booked.get(name, ())):
+                self._unbucket(name, resource, self.free(name, resource))
+            del nodes[name]
+        if node is not None:
+            nodes[name] = node
+        self.nodes = nodes
+        if node is not None:
+            for resource in sorted(set(node.allocatable) | set(self.booked.get(name, ()))):
+                bisect.insort(self.by_free[resource].setdefault(self.free(name, resource), []), name)
+
+    def _unbucket(self, node: str, resource: str, free: int) -> None:
+        buckets = self.by_free.get(resource)
+        bucket = buckets.get(free) if buckets is not None else None
+        if buckets is None or bucket is None:
+            return
+        index = bisect.bisect_left(bucket, node)
+        if index < len(bucket) and bucket[index] == node:
+            del bucket[index]
+            if not bucket:
+                del buckets[free]
+
     def over_booked(self, node: str) -> list[str]:
         """Resources of ``node`` booked beyond allocatable, sorted."""
         return sorted(r for r, units in self.booked[node].items() if units > 0 and self.free(node, r) < 0)

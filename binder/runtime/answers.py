@@ -42,9 +42,10 @@ class AnswerListener:
     own connections plus one listener each went past PostgreSQL's default of 100
     connections. Here a daemon thread holds the only listener and counts notifications;
     a caller notes the count before writing its bind requests and waits for it to move,
-    then reads the database (the truth). If the connection drops, the thread reconnects;
-    callers re-read the database every ``RECHECK_SECONDS`` anyway, so a notification
-    lost in the gap delays an answer, never loses it.
+    then reads the database (the truth). If the connection drops, the thread wakes every
+    waiter (they re-read), reconnects, and wakes them again once it listens anew: a
+    notification sent while it was not listening is lost, and that second re-read finds
+    what it announced. So waiters need no timed re-read while it listens.
     """
 
     def __init__(self) -> None:
@@ -92,6 +93,9 @@ class AnswerListener:
                 with psycopg.connect(**self._params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
                     self.listening.set()
+                    with self._changed:  # listening (again): waiters re-read what a gap may have hidden
+                        self._count += 1
+                        self._changed.notify_all()
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5):
                             with self._changed:

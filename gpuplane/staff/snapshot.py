@@ -1,13 +1,12 @@
 """One mirror snapshot, its ledger and holdings, reused by staff pages while the mirror is unchanged.
 
-At 10,000 nodes reading the mirror and building the ledger take about 1.3 s, more than
-the board may take to show. Every write to a mirrored row leaves an entry in the change
-feed (``binder_change``, written by triggers in the writer's own transaction, whatever
-the write path), so the feed's fingerprint (lowest and highest position, entry count,
-the newest entry's token) changes whenever anything the snapshot was read from changes:
-a commit with an older position raises the count, pruning raises the lowest position, a
-truncate leaves a new entry. Same fingerprint, same rows: the cached snapshot is what a
-fresh read would return. The feed is only read here (the pass worker is its one consumer).
+The mirror comes from this web process's read model (``binder.runtime.readmodel``): kept
+in memory and brought current from the change feed before each use, so a page shows
+every change committed before it was asked for, without reading the mirror's tables
+(at 10,000 nodes that read and the ledger took about 1.3 s, more than the board may take
+to show). The model's generation changes whenever a record in it changes (or it was read
+again); same generation, same records: the cached snapshot, its ledger and what pages
+derived from it (``memo``) are what a fresh read would give.
 
 The cache holds one snapshot per process and also expires after :data:`MAX_AGE_SECONDS`,
 so settings read at snapshot time (the grace period, the default budget) are never old
@@ -24,13 +23,10 @@ from datetime import datetime
 from typing import Any
 
 from django.core.signals import setting_changed
-from django.db import connection
-from django.db.models import Count, Max, Min
 
-from binder import models
-from binder.engine import Holding, Ledger, ledger_for
+from binder.engine import Holding, Ledger
 from binder.engine import types as e
-from binder.mirror.read import read_cluster
+from binder.runtime.readmodel import read_model
 
 MAX_AGE_SECONDS = 60.0
 
@@ -49,27 +45,22 @@ _lock = threading.Lock()
 _cached: tuple[tuple[object, ...], float, Snapshot] | None = None
 
 
-def _fingerprint() -> tuple[object, ...]:
-    feed = models.Change.objects.aggregate(low=Min("position"), high=Max("position"), entries=Count("position"))
-    newest = models.Change.objects.order_by("-position").values_list("token", flat=True).first()
-    return (connection.settings_dict["NAME"], feed["low"], feed["high"], feed["entries"], newest)
-
-
 def snapshot(now: datetime) -> Snapshot:
-    """The mirror as one engine snapshot, from the cache when the feed says nothing changed.
+    """The mirror as one engine snapshot, from the cache when the read model did not change.
 
     Reused snapshots keep the moment they were read at as ``cluster.now``; the board
     reads no deadline from it (a NotReady node shows since when, not for how long)."""
     global _cached
-    key = _fingerprint()
+    model = read_model()
+    key = (id(model), model.generation)
     with _lock:
         if _cached is not None and _cached[0] == key and time.monotonic() - _cached[1] < MAX_AGE_SECONDS:
             return _cached[2]
-    cluster, ids = read_cluster(now)
-    ledger = ledger_for(cluster)
+    taken = model.snapshot(now)
+    cluster, ids, ledger = taken.cluster, taken.ids, taken.ledger
     fresh = Snapshot(cluster, ids, ledger, ledger.holdings())
     with _lock:
-        _cached = (key, time.monotonic(), fresh)
+        _cached = ((id(model), taken.generation), time.monotonic(), fresh)
     return fresh
 
 

@@ -1,8 +1,10 @@
 """``GET /api/v1/catalog/gpu-options?namespace=<ns>``: the GPU options of one tenant (SPEC §8).
 
-The numbers come from the pure engine (``binder.engine.catalog.gpu_options``) over one
-consistent snapshot of the mirror, so they agree with the binder and ``dump_state``
-(the same ledger, the same shared launcher reader).
+The numbers come from the pure engine (``binder.engine.catalog.gpu_options``) over this
+web process's read model of the mirror (``binder.runtime.readmodel``: in memory, brought
+current from the change feed first, so "can I launch N now" holds every change committed
+before the call), with the model's own ledger: they agree with the binder and
+``dump_state`` (the same ledger, the same shared launcher reader).
 
 Who may see which namespace: the API's one rule (``usage.tenancy``): staff see every
 namespace, any other user the namespaces granted to them (``manage.py issue_token``).
@@ -12,7 +14,6 @@ namespace names do not leak.
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -22,7 +23,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from binder.engine.catalog import gpu_options
-from binder.mirror.read import read_cluster
+from binder.mirror.read import engine_settings
+from binder.runtime.readmodel import read_model
 from usage.api.base import BAD_REQUEST, NOT_FOUND, UNAUTHORIZED, TenantScopedView
 from usage.tenancy import NAMESPACE_NAME
 
@@ -77,7 +79,6 @@ class GpuOptionsView(TenantScopedView):
         if not namespace:
             raise ValidationError({"namespace": ["this query parameter is required"]})
         self.tenant(namespace)
-        with transaction.atomic():
-            cluster, _ = read_cluster(timezone.now())
-        options = gpu_options(cluster, namespace)
+        taken = read_model().snapshot(timezone.now(), engine_settings())
+        options = gpu_options(taken.cluster, namespace, taken.ledger)
         return Response(GpuOptionSerializer(options, many=True).data)

@@ -28,6 +28,7 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.cluster import device_status
 from binder.runtime.passes import run_pass
 from tests.factories import new_vmi, review
+from tests.webhook_calls import allowed_patch, post
 from tests.shapes import H100, class_obj, engine, gpu_obj, namespace_obj, node_obj
 from usage.models import UsageRecord
 from webhooks import admission
@@ -249,3 +250,34 @@ def test_the_admin_device_list_shows_the_held_class_and_the_choices(admin_client
     run_pass("full")
     page = admin_client.get(reverse("admin:binder_gpudevice_changelist")).content.decode()
     assert "a100 (choices h100, a100)" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bind_and_wait_pins_a_set_bound_as_its_second_choice_with_that_class(client: Any) -> None:
+    """The answer pass binds the order as a100 (no h100 room): the patch the waiting call
+    answers with names a100's resource and toleration, not the first choice's, because the
+    view it builds the patch from is read after the answer, not before the bind."""
+    load_objects(objects(h100_free=0))
+    vmi = new_vmi("t1", "vm1", ["g0", "g1"])
+    body = review(vmi)
+    patched = allowed_patch(post(client, body), body)
+    assert {(d.phase, d.node, d.status_class_name) for d in models.GpuDevice.objects.all()} == {
+        ("Bound", "na", "a100")
+    }
+    assert [g["deviceName"] for g in patched["spec"]["domain"]["devices"]["gpus"]] == [A100, A100]
+    assert A100_TOLERATION in patched["spec"]["tolerations"]
+    assert patched["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "na"
+
+
+def _pending_view(classes: tuple[dict[str, Any], ...]) -> MirrorView:
+    devices = tuple(engine(gpu_with("t1", n, "vm1", ["a100"])) for n in ("g0", "g1"))
+    return MirrorView(namespace="t1", devices=devices, classes=tuple(engine(c) for c in classes))
+
+
+def test_an_order_whose_first_choice_is_missing_is_not_denied_while_another_exists() -> None:
+    vmi = new_vmi("t1", "vm1", ["g0", "g1"])
+    verdict = admission.decide(review(vmi), _pending_view((a100_class(),)))
+    assert verdict.action is Action.BIND, verdict.message
+    denied = admission.decide(review(vmi), _pending_view(()))
+    assert denied.action is Action.DENY
+    assert "has classes h100, a100, none of which exists" in denied.message

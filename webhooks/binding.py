@@ -68,10 +68,19 @@ def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
     return read_model().nodes(wanted)
 
 
-def with_nodes(view: MirrorView, names: Iterable[str]) -> MirrorView:
-    """``view`` with the nodes of ``names`` read fresh (after the binder answered with a
-    node the view, read before the bind, may not hold)."""
-    return dataclasses.replace(view, nodes=read_nodes(names))
+def answered_view(view: MirrorView, names: Iterable[str]) -> MirrorView:
+    """The namespace's view read again after the binder answered, with the nodes of ``names``.
+
+    The view read before the bind holds the set as it was then: Pending, under its first
+    choice. The answer pass may have bound it as a later choice, and the patch must name
+    the class the set is held as (its raw resource and tolerations), so the view is read
+    again; the answer pass committed before its answer was read, so a follow that starts
+    now holds it.
+    """
+    fresh = mirror_view(view.namespace)
+    held = {n.name for n in fresh.nodes}
+    missing = {n for n in names if n and n not in held}
+    return dataclasses.replace(fresh, nodes=(*fresh.nodes, *read_nodes(missing))) if missing else fresh
 
 
 #: namespace -> (the model's slice it was made from, the view): a view is reused while its
@@ -238,7 +247,7 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
             return answers
         if answers is not None:
             answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
-            return conclude(review, with_nodes(view, answered), answers)
+            return conclude(review, answered_view(view, answered), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)

@@ -36,6 +36,7 @@ from binder.engine import (
     build_ledger,
     effective_limits,
 )
+from binder.engine.choices import choices_of
 from binder.engine.matching import term_matches, unmet
 from webhooks.patch import HOSTNAME_LABEL, build_patch, encode_patch, missing_tolerations
 from webhooks.review import (
@@ -204,10 +205,13 @@ def decide(review: Mapping[str, Any] | Review, view: MirrorView) -> Verdict:  # 
         return _deny(r, f"{vmi} names only part of its set of {len(members)} devices; it must also name {listed}")
     classes = {c.name: c for c in view.classes}
     for device in members:
-        if device.class_name not in classes:
-            return _deny(
-                r, f"{vmi}: device {DEVICE_PREFIX}{device.name} has class {device.class_name}, which does not exist"
-            )
+        # A Pending device may still be placed as any of its choices; a held one is its class.
+        accepted = choices_of(device) if device.phase is Phase.PENDING else (device.class_name,)
+        if not any(choice in classes for choice in accepted):
+            what = f"class {accepted[0]}, which does not exist"
+            if len(accepted) > 1:
+                what = f"classes {', '.join(accepted)}, none of which exists"
+            return _deny(r, f"{vmi}: device {DEVICE_PREFIX}{device.name} has {what}")
 
     nodes = {d.node for d in members}
     if all(d.phase is Phase.BOUND for d in members) and len(nodes) == 1:

@@ -28,8 +28,8 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.cluster import device_status
 from binder.runtime.passes import run_pass
 from tests.factories import new_vmi, review
-from tests.webhook_calls import allowed_patch, post
 from tests.shapes import H100, class_obj, engine, gpu_obj, namespace_obj, node_obj
+from tests.webhook_calls import allowed_patch, post
 from usage.models import UsageRecord
 from webhooks import admission
 from webhooks.admission import Action, MirrorView

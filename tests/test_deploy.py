@@ -759,9 +759,9 @@ def test_web_and_webhook_serve_tls_with_probes(deployment: str, service: str) ->
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/gpuplane/tls")
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == "gpuplane-webhook-tls" and mount["readOnly"] is True
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container[probe]["httpGet"]
-        assert (get["scheme"], get["path"], get["port"]) == ("HTTPS", "/healthz", "https")
+        assert (get["scheme"], get["path"], get["port"]) == ("HTTPS", path, "https")
     front = one(docs, "Service", service)
     (port,) = front["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (443, "https")

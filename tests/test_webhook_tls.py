@@ -285,9 +285,9 @@ def test_service_and_deployment_match_the_webhook() -> None:
     assert token_volume["secret"]["secretName"] == "gpuplane-webhook-token"
     hosts = env["DJANGO_ALLOWED_HOSTS"]["value"].split(",")
     assert f"{SERVICE}.{NAMESPACE}.svc" in hosts
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container[probe]["httpGet"]
-        assert (get["scheme"], get["path"]) == ("HTTPS", "/healthz")
+        assert (get["scheme"], get["path"]) == ("HTTPS", path)
         assert get["port"] in (container_port["name"], 8443)
         host = {h["name"]: h["value"] for h in get.get("httpHeaders", [])}.get("Host")
         assert host in hosts  # else Django answers the probe 400 (DisallowedHost)

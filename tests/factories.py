@@ -100,3 +100,27 @@ TENANT_B_URLS = [
     "/api/v1/devices/t2/vm9-gpu0/decisions",
     "/api/v1/catalog/gpu-options?namespace=t2",
 ]
+
+
+# -- an order held as its second choice ---------------------------------------------------------
+
+#: The second choice's resource in :func:`second_choice`.
+A100 = "nvidia.com/GA100_A100_SXM4_80GB"
+
+
+def second_choice(namespace: str = "t1", vm: str = "vm1") -> list[dict[str, Any]]:
+    """``namespace``'s ``vm`` orders 2 devices of class h100 that also accept a100; the only
+    h100 node has no free unit, the a100 node has 4: a full pass holds the set as a100."""
+    order = []
+    for index in range(2):
+        obj = gpu_obj(namespace, f"{vm}-gpu{index}", "h100", vm)
+        obj["spec"]["alternativeClassNames"] = ["a100"]
+        order.append(obj)
+    return [
+        namespace_obj(namespace),
+        class_obj("h100", H100),
+        class_obj("a100", A100),
+        node_obj("nh", {H100: 0}),
+        node_obj("na", {A100: 4}),
+        *order,
+    ]

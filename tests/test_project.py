@@ -29,6 +29,9 @@ DJANGO_FREE_TESTS = (
 DJANGO_FREE_CODE = (
     "binder.engine",
     "binder.kube.objects",
+    "binder.kube.core",
+    "binder.kube.resources",
+    "binder.kube.fields",
     "binder.kube.client",
     "binder.mirror.convert",
     "webhooks.admission",

@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from binder.mirror.snapshot import load_objects
+from binder.runtime.passes import run_pass
 from tests.accounts import account
+from tests.clock import Clock
+from tests.factories import A100, second_choice
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
@@ -57,3 +61,25 @@ def test_tenants_do_not_open_the_records_admin(cluster: Any) -> None:
     tenant.force_login(account("alice", "t1"))
     assert tenant.get("/admin/usage/usagerecord/").status_code == 302
     assert tenant.get("/admin/usage/usagerecord/export.csv").status_code == 302
+
+
+def test_a_device_held_as_its_second_choice_is_listed_and_exported_under_that_class(clock: Clock) -> None:
+    """The set orders h100 or a100 and is held as a100: its records' key is a100 (the class
+    budgets and bills count), with a100's resource, and none is filed under h100."""
+    load_objects(second_choice())
+    run_pass("full")
+    clock.advance(hours=2)
+    c = staff_client()
+    page = c.get("/admin/usage/usagerecord/", {"key": "a100"})
+    assert page.status_code == 200 and "vm1-gpu0" in page.content.decode()
+    answer = c.get("/admin/usage/usagerecord/export.csv", {"key": "a100"})
+    assert answer.status_code == 200
+    rows = list(csv.DictReader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    assert sorted((r["subject"], r["key"], r["resourceName"], r["units"], r["node"]) for r in rows) == [
+        ("vm1-gpu0", "a100", A100, "1", "na"),
+        ("vm1-gpu1", "a100", A100, "1", "na"),
+    ]
+    assert [float(r["gpuHours"]) for r in rows] == [2.0, 2.0]
+    everything = c.get("/admin/usage/usagerecord/export.csv")
+    keys = {r["key"] for r in csv.DictReader(io.StringIO(b"".join(everything.streaming_content).decode()))}
+    assert keys == {"a100"}

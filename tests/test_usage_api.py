@@ -20,10 +20,11 @@ from django.test import Client
 from knox.models import AuthToken
 
 from binder import models
+from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from tests.accounts import account, token_client
 from tests.clock import Clock
-from tests.factories import FORGED_UNITS, TENANT_B_URLS
+from tests.factories import A100, FORGED_UNITS, TENANT_B_URLS, second_choice
 from tests.shapes import H100, NOW
 from usage.models import NamespaceGrant, UsageRecord
 
@@ -139,6 +140,35 @@ def test_csv_errors_are_csv_too(cluster: Clock) -> None:
     answer = client.get("/api/v1/tenants/t2/usage-records", {"format": "csv"})
     assert answer.status_code == 404
     assert answer.content.decode().splitlines()[0] == "error"
+
+
+@pytest.mark.django_db
+def test_a_device_held_as_its_second_choice_is_listed_under_that_class(clock: Clock) -> None:
+    """The set orders h100 or a100 and is held as a100: the tenant's usage, its records and
+    their CSV all say a100 (with a100's resource), never h100."""
+    load_objects(second_choice())
+    run_pass("full")
+    clock.advance(hours=2)
+    client = token_client(account("alice", "t1"))
+    body = get(client, "/api/v1/tenants/t1/usage")
+    keys = {k["key"]: k for k in body["keys"]}
+    assert (keys["a100"]["kind"], keys["a100"]["used"], keys["a100"]["gpuHours"]) == ("class", 2, 4.0)
+    assert keys[A100]["used"] == 2
+    assert keys.get("h100", {}).get("used", 0) == 0 and keys.get("h100", {}).get("gpuHours", 0) == 0
+    assert sorted((r["subject"], r["key"], r["resourceName"]) for r in body["openRecords"]) == [
+        ("vm1-gpu0", "a100", A100),
+        ("vm1-gpu1", "a100", A100),
+    ]
+    url = "/api/v1/tenants/t1/usage-records"
+    assert get(client, url, key="a100")["count"] == 2
+    assert get(client, url, key="h100")["count"] == 0
+    answer = client.get(url, {"format": "csv"})
+    assert answer.status_code == 200
+    rows = list(csv.DictReader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    assert sorted((r["subject"], r["key"], r["resourceName"], float(r["gpuHours"])) for r in rows) == [
+        ("vm1-gpu0", "a100", A100, 2.0),
+        ("vm1-gpu1", "a100", A100, 2.0),
+    ]
 
 
 # -- devices and decisions --------------------------------------------------------------------

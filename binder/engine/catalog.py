@@ -1,4 +1,5 @@
-"""The catalog of GPU options a tenant may pick (SPEC §8), computed from one snapshot.
+"""The catalog of GPU options a tenant may pick (``/api/v1/catalog/gpu-options``), computed
+from one snapshot.
 
 Every number comes from the engine's one :class:`~binder.engine.accounting.Ledger`:
 free units per node and the tenant's usage per key already count pods' raw usage by

@@ -1,4 +1,4 @@
-"""Why a Lost or Pending set does not fit, and what would make it fit (issue 18).
+"""Why a Lost or Pending set does not fit, and what would make it fit.
 
 The reason a pass writes ("no other node has room for the set") was true at that pass and
 says nothing about what to do. Staff need, at the moment they look: how much the set needs

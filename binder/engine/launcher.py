@@ -1,4 +1,4 @@
-"""The shared reader: is this pod a VMI's launcher, and how much raw GPU does it use (SPEC §2).
+"""The shared reader: is this pod a VMI's launcher, and how much raw GPU does it use.
 
 A launcher pod requests the same GPU units its VMI's devices already hold, so those
 units must not be counted twice. Owner references and labels are written by whoever

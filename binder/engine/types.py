@@ -13,19 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-#: Label that tells the binder to move every held set off a node (SPEC §4 step 2).
+#: Label that tells the binder to move every held set off a node: a draining node takes
+#: no new set, and the sets on it are moved elsewhere (or become Lost).
 DRAIN_LABEL = "gpuplane.io/drain"
 
 
 def is_draining(labels: Mapping[str, object]) -> bool:
-    """A node labelled ``gpuplane.io/drain=true`` (any case) is being drained (SPEC §4 step 2)."""
+    """A node labelled ``gpuplane.io/drain=true`` (any case) is being drained: the value is
+    compared without case, as staff type it."""
     return str(labels.get(DRAIN_LABEL, "")).lower() == "true"
 
 
 #: Taint effects that keep new pods off a node; PreferNoSchedule is only a preference.
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 #: Taints the node lifecycle controller writes (not-ready, unreachable, unschedulable, ...):
-#: the Ready and cordon rules already cover what they mean (SPEC §4 step 2).
+#: the Ready and cordon rules already cover what they mean, so they do not count twice.
 NODE_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
 
 #: Pod phases that hold nothing: KubeVirt leaves finished pods in activePods for a while.
@@ -33,7 +35,8 @@ FINISHED_POD_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class Phase(enum.StrEnum):
-    """Phase of one GPU device (SPEC §1)."""
+    """Phase of one GPU device: Pending (not placed), Bound (held on a node) or Lost (its
+    node went away and no other had room; still held against the budget)."""
 
     PENDING = "Pending"
     BOUND = "Bound"
@@ -56,7 +59,7 @@ class Taint:
 
     @property
     def blocks_new(self) -> bool:
-        """Keeps new devices off the node unless tolerated (SPEC §4 step 2): NoSchedule or
+        """Keeps new devices off the node unless their class tolerates it: NoSchedule or
         NoExecute, and not one of the lifecycle taints the Ready and cordon rules handle."""
         return self.effect in BLOCKING_TAINT_EFFECTS and not self.key.startswith(NODE_LIFECYCLE_TAINT_PREFIX)
 
@@ -149,7 +152,7 @@ class Device:
     answer: str = ""
     created: datetime | None = None
     bind_node_selector: Mapping[str, str] = field(default_factory=dict)
-    """The VMI's own ``spec.nodeSelector``, written with the bind request (SPEC §5 step 4):
+    """The VMI's own ``spec.nodeSelector``, written by the webhook with the bind request:
     while the request is unanswered the set goes only to nodes carrying these labels."""
     choices: tuple[str, ...] = ()
     """The classes the device accepts, in order of preference: ``spec.className`` then
@@ -205,7 +208,8 @@ class Pod:
 
     ``requests`` holds the effective request per extended resource (request, else limit),
     already parsed to integers. ``owner_vmi`` is only a hint: the name of the VMI the
-    pod's owner reference or labels point at. It is never proof (SPEC §2).
+    pod's owner reference or labels point at. It is never proof: whoever creates the pod
+    writes those, and only the VMI's own ``status.activePods`` proves a launcher.
     """
 
     namespace: str
@@ -230,7 +234,7 @@ class DefaultBudget(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The knobs of SPEC §9 the engine obeys."""
+    """The settings (``GPUPLANE_*``) the engine obeys; the rest concern the Django side."""
 
     enabled: bool = True
     node_grace_seconds: int = 300

@@ -1,4 +1,4 @@
-"""Usage records as the engine sees them (SPEC §7): what is held now, and how to get there.
+"""Usage records as the engine sees them: what is held now, and how to get there.
 
 A usage record says "this subject held these units of this key here, from then until
 then". The engine does not store records; it says which holdings are current after a
@@ -8,9 +8,10 @@ rules (one open record per device while Bound or Lost, a new record when node, p
 or units change, pods' raw usage by the shared launcher reader) are tested here with
 plain objects.
 
-Pods: a pod's raw usage is ``requests − held`` of SPEC §2, decided by the one launcher
-reader. The caller supplies the VMI lookup: usage records read the named VMI fresh
-(not the pass's snapshot), and only for pods that request a raw GPU resource.
+Pods: a pod's raw usage is its requests minus what its VMI's devices already hold (only
+for a proven launcher), decided by the one launcher reader. The caller supplies the VMI
+lookup: usage records read the named VMI fresh (not the pass's snapshot), and only for
+pods that request a raw GPU resource.
 """
 
 from __future__ import annotations

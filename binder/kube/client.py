@@ -25,7 +25,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from binder.kube.objects import BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION, GROUP
+from binder.kube.resources import BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION, GROUP
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
 
     That is the set's tenant (its devices, pods, VMIs and budgets: its usage against its
     limits), every node and class (where the set could go), and what books the set's GPU
-    resources on a node: devices placed on a node of a class of those resources, the pods
+    resources (those of every class the set may be placed as, its alternatives too) on a
+    node: devices placed on a node as a class of those resources, the pods
     requesting them and the VMIs those pods may launch (the launcher rule). Devices and
     pods of other resources, and other tenants' unplaced orders, change none of its
     numbers and are not read: on a large mirror they are most of it. None when the set has
@@ -43,7 +44,12 @@ def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
     if not members.exclude(phase=models.Phase.BOUND).exists():
         return None
     classes = tuple(read_rows("GPUClass"))
-    wanted = set(members.values_list("class_name", flat=True))
+    # Every class the set may be placed as: an order with alternatives is explained for
+    # each of its choices, so each choice's resources must be read.
+    wanted: set[str] = set()
+    for class_name, alternatives in members.values_list("class_name", "alternative_class_names"):
+        wanted.add(class_name)
+        wanted.update(name for name in alternatives or () if isinstance(name, str))
     resources = sorted({c.resource_name for c in classes if c.name in wanted})
     booking = [c.name for c in classes if c.resource_name in resources]
     pods = tuple(
@@ -52,7 +58,8 @@ def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
         else read_rows("Pod", queryset=models.Pod.objects.filter(tenant))
     )
     launchers = Q(namespace__name__in={p.namespace for p in pods}, name__in={p.owner_vmi for p in pods})
-    placed = Q(class_name__in=booking) & ~Q(node="")
+    # A device held as one of its alternatives books that class's resource, not its spec.className's.
+    placed = (Q(class_name__in=booking) | Q(status_class_name__in=booking)) & ~Q(node="")
     cluster = e.Cluster(
         now=now,
         classes=classes,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from binder import models
+from binder.reports.choices import class_words
 
 #: Hits per group on the results page.
 LIMIT = 25
@@ -172,7 +173,7 @@ def _devices(scope: _Scope) -> Group:
             "device",
             d.namespace.name,
             d.name,
-            f"{d.class_name}, VM {d.vm_name}: {d.phase}" + (f" on {d.node}" if d.node else ""),
+            f"{class_words(d)}, VM {d.vm_name}: {d.phase}" + (f" on {d.node}" if d.node else ""),
             d.pk,
             d.node,
         )

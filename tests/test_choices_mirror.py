@@ -261,9 +261,7 @@ def test_bind_and_wait_pins_a_set_bound_as_its_second_choice_with_that_class(cli
     vmi = new_vmi("t1", "vm1", ["g0", "g1"])
     body = review(vmi)
     patched = allowed_patch(post(client, body), body)
-    assert {(d.phase, d.node, d.status_class_name) for d in models.GpuDevice.objects.all()} == {
-        ("Bound", "na", "a100")
-    }
+    assert {(d.phase, d.node, d.status_class_name) for d in models.GpuDevice.objects.all()} == {("Bound", "na", "a100")}
     assert [g["deviceName"] for g in patched["spec"]["domain"]["devices"]["gpus"]] == [A100, A100]
     assert A100_TOLERATION in patched["spec"]["tolerations"]
     assert patched["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "na"

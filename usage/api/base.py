@@ -122,5 +122,3 @@ UNAUTHORIZED = OpenApiResponse(
 BAD_REQUEST = OpenApiResponse(
     OpenApiTypes.OBJECT, description='a parameter is invalid: the body names it, e.g. {"from": ["..."]}'
 )
-
-

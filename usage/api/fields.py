@@ -101,5 +101,3 @@ WINDOW_PARAMETERS = [
     ),
     OpenApiParameter("to", WHEN, OpenApiParameter.QUERY, description="end of the window, like `from` (default: now)"),
 ]
-
-

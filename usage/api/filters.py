@@ -103,5 +103,3 @@ class DeviceFilter(StrictFilterSet):
     class Meta:
         model = binder_models.GpuDevice
         fields: list[str] = []
-
-

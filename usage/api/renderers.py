@@ -73,8 +73,22 @@ def csv_stream(queryset: QuerySet[UsageRecord]) -> Iterator[str]:
     writer = SafeWriter(buffer)
     writer.writerow(CSV_COLUMNS)
     rows = queryset.values_list(
-        "id", "namespace", "subject_kind", "subject", "subject_uid", "vm_name", "key", "resource_name", "units",
-        "node", "phase", "start", "end", "gpu_hours", "opened_by_pass", "closed_by_pass",
+        "id",
+        "namespace",
+        "subject_kind",
+        "subject",
+        "subject_uid",
+        "vm_name",
+        "key",
+        "resource_name",
+        "units",
+        "node",
+        "phase",
+        "start",
+        "end",
+        "gpu_hours",
+        "opened_by_pass",
+        "closed_by_pass",
     )  # type: ignore[misc]  # fmt: skip - gpu_hours is annotated by queries.with_record_hours
     for count, row in enumerate(rows.iterator(chunk_size=2000), 1):
         values = list(row)
@@ -87,5 +101,3 @@ def csv_stream(queryset: QuerySet[UsageRecord]) -> Iterator[str]:
             buffer.seek(0)
             buffer.truncate()
     yield buffer.getvalue()
-
-

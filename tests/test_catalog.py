@@ -306,9 +306,16 @@ def test_schema_documents_the_catalog() -> None:
     assert answer.status_code == 200
     schema = answer.json()
     operation = schema["paths"][URL]["get"]
-    assert [p["name"] for p in operation["parameters"]] == ["namespace"]
-    assert operation["parameters"][0]["required"] is True
-    ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["items"]["$ref"]
+    params = {p["name"]: p for p in operation["parameters"]}
+    assert set(params) == {"namespace", "devices", "classes"}
+    assert params["namespace"]["required"] is True
+    assert not params["devices"].get("required") and not params["classes"].get("required")
+    answer_ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    one_of = schema["components"]["schemas"][answer_ref.rsplit("/", 1)[1]]["oneOf"]
+    options, order = one_of
+    order_fit = schema["components"]["schemas"][order["$ref"].rsplit("/", 1)[1]]
+    assert set(order_fit["properties"]) == {"devices", "choices", "fits", "className", "reason", "budget"}
+    ref = options["items"]["$ref"]
     component = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert set(component["properties"]) == {
         "name",
@@ -321,3 +328,62 @@ def test_schema_documents_the_catalog() -> None:
         "clusterFree",
         "largestSet",
     }
+
+
+# -- an order with choices ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_order_with_choices_is_answered_with_the_class_it_would_be_held_as() -> None:
+    load_cluster()
+    client = token_client(user("alice", "t1"))
+    first = client.get(URL, {"namespace": "t1", "devices": "2", "classes": "h100,a10x2"})
+    assert first.status_code == 200, first.content
+    body = first.json()
+    assert (body["devices"], body["choices"], body["fits"], body["className"]) == (2, ["h100", "a10x2"], True, "h100")
+    assert body["budget"] == [
+        {"key": "h100", "limit": 6, "used": 2, "after": 4},
+        {"key": H100, "limit": 6, "used": 2, "after": 4},
+    ]
+    # The order of preference decides when both fit.
+    other = client.get(URL, {"namespace": "t1", "devices": "2", "classes": "a10x2,h100"}).json()
+    assert (other["fits"], other["className"]) == (True, "a10x2")
+    assert [b["key"] for b in other["budget"]] == ["a10x2", A10]
+    # Over the h100 budget and no room for 5 x a10x2: it does not fit, and says why for each choice.
+    refused = client.get(URL, {"namespace": "t1", "devices": "5", "classes": "h100,a10x2"}).json()
+    assert (refused["fits"], refused["className"], refused["budget"]) == (False, "", [])
+    assert "h100" in refused["reason"] and "a10x2" in refused["reason"], refused["reason"]
+    # Nothing was written: the options are as before.
+    assert by_name_api(client)["h100"]["used"] == 2
+
+
+def by_name_api(client: Any) -> dict[str, Any]:
+    return {o["name"]: o for o in client.get(URL, {"namespace": "t1"}).json()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("query", "field", "words"),
+    [
+        ({"devices": "2"}, "classes", "required with devices"),
+        ({"classes": "h100"}, "devices", "required with classes"),
+        ({"devices": "0", "classes": "h100"}, "devices", "from 1 to 1024"),
+        ({"devices": "two", "classes": "h100"}, "devices", "whole number"),
+        ({"devices": "1", "classes": "h100,H100!"}, "classes", "is not a class name"),
+        ({"devices": "1", "classes": "h100,h100"}, "classes", "listed once"),
+        ({"devices": "1", "classes": ",".join(f"c{i}" for i in range(10))}, "classes", "at most 9"),
+    ],
+)
+def test_a_bad_order_query_is_400_naming_the_parameter(query: dict[str, str], field: str, words: str) -> None:
+    load_cluster()
+    client = token_client(user("alice", "t1"))
+    answer = client.get(URL, {"namespace": "t1", **query})
+    assert answer.status_code == 400, answer.content
+    assert words in answer.json()[field][0]
+
+
+@pytest.mark.django_db
+def test_an_order_query_for_another_tenant_is_404() -> None:
+    load_cluster()
+    client = token_client(user("bob", "t2"))
+    assert client.get(URL, {"namespace": "t1", "devices": "1", "classes": "h100"}).status_code == 404

@@ -19,7 +19,7 @@ tenant with no GPUBudget under ``GPUPLANE_DEFAULT_BUDGET=deny``, hides the class
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
 from binder.engine.placement import refuses_new, try_order
@@ -127,13 +127,17 @@ class OrderFit:
     """The class key and raw key of ``class_name``, when it fits."""
 
 
-def order_fit(cluster: Cluster, namespace: str, devices: int, choices: Sequence[str]) -> OrderFit:
+def order_fit(
+    cluster: Cluster, namespace: str, devices: int, choices: Sequence[str], ledger: Ledger | None = None
+) -> OrderFit:
     """Would an order of ``devices`` devices of ``choices`` fit for tenant ``namespace`` now?
 
     Answered by placing a hypothetical order with the binder's own rules (the first
     choice with room and budget, the fullest node within it) on this snapshot; nothing
     is written. ``devices`` must be at least 1 and ``choices`` non-empty (callers check
-    their input and say so).
+    their input and say so). ``ledger``, the ledger of ``cluster`` when the caller keeps
+    one (a web process's read model), is copied, never changed: the answer then costs
+    what one order costs, not a ledger built from every device.
     """
     names = tuple(dict.fromkeys(choices))
     if devices < 1 or not names:
@@ -144,17 +148,18 @@ def order_fit(cluster: Cluster, namespace: str, devices: int, choices: Sequence[
         Device(namespace, f"{_PROBE_VM}-{i}", names[0], _PROBE_VM, created=cluster.now, choices=alternatives)
         for i in range(devices)
     )
-    placed = try_order(replace(cluster, devices=(*cluster.devices, *order)), key)
+    work = ledger.copy() if ledger is not None else ledger_for(cluster)
+    usage = dict(work.used.get(namespace, {}))
+    work.commit(key, order)
+    placed = try_order(cluster, key, work)
     fits = all(d.phase is Phase.BOUND for d in placed)
     reason = placed[0].reason if placed else ""
     if not fits:
         return OrderFit(devices, names, False, reason=reason.removeprefix("pending: "))
     chosen = placed[0].class_name
     cls = next(c for c in cluster.classes if c.name == chosen)
-    ledger = ledger_for(cluster)
     limits = effective_limits((b for b in cluster.budgets if b.namespace == namespace), cluster.settings.default_budget)
     adds = devices * cls.units_per_device
-    usage = dict(ledger.used.get(namespace, {}))
     budget = tuple(
         BudgetUse(k, limits.limit(k), usage.get(k, 0), usage.get(k, 0) + adds) for k in (cls.name, cls.resource_name)
     )

@@ -162,11 +162,11 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     return run.result(with_status=False)
 
 
-def try_order(cluster: Cluster, key: SetKey) -> tuple[Device, ...]:
-    """The members of the order ``key`` (all Pending, in ``cluster``) as binding new orders
-    would place them now, with nothing else moved: the catalog's "would it fit, and as
-    which class" answered by the binder's own rules."""
-    run = _Pass(cluster, scope=[key])
+def try_order(cluster: Cluster, key: SetKey, ledger: Ledger | None = None) -> tuple[Device, ...]:
+    """The members of the order ``key`` (all Pending, in ``cluster`` or in ``ledger``, which
+    the pass changes) as binding new orders would place them now, with nothing else moved:
+    the catalog's "would it fit, and as which class" answered by the binder's own rules."""
+    run = _Pass(cluster, ledger=ledger, scope=[key])
     if cluster.settings.enabled:
         run.bind_order(key)
     return run.members(key)

@@ -214,9 +214,7 @@ class MirrorState:
                 del table[object_id]
             else:
                 table[object_id] = new
-            if kind == "GPU":
-                self._replace_device(object_id, old, new)
-                sets.update(d.set_key for d in (old, new) if d is not None)
+            self._replaced(kind, object_id, old, new, sets)
         if sets:
             self._sets_changed(sorted(sets))
         if changed:
@@ -225,10 +223,33 @@ class MirrorState:
     def _changed(self, kind: str) -> None:
         """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
         self._tuples.pop(kind, None)
-        if kind in ("Node", "GPUClass"):
+        if kind == "GPUClass":
             self.node_cache = NodeCache()
-        if kind not in ("GPU", "GPUBudget"):
-            self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
+        if kind not in ("GPU", "GPUBudget", "Node"):
+            self._ledger = None  # classes, pods, VMIs: the ledger is built again
+
+    def _replaced(self, kind: str, object_id: int, old: Any, new: Any, sets: set[SetKey]) -> None:
+        """Keep the indexes of ``kind`` current for one record (``sets``: the sets touched)."""
+        if kind == "GPU":
+            self._replace_device(object_id, old, new)
+            sets.update(d.set_key for d in (old, new) if d is not None)
+        elif kind == "Node":
+            self._node_replaced(old, new)
+        elif kind == "Pod":
+            self._pod_replaced(old, new)
+
+    def _pod_replaced(self, old: e.Pod | None, new: e.Pod | None) -> None:
+        """One pod changed (a subclass keeps its indexes of pods current here)."""
+
+    def _node_replaced(self, old: e.Node | None, new: e.Node | None) -> None:
+        """One node changed: the node cache and the ledger's free-units index move just
+        that node (rebuilding either costs a sweep of every node, or of every device)."""
+        self._tuples.pop("Node", None)  # the records already hold the change
+        for name in sorted({n.name for n in (old, new) if n is not None}):
+            node = new if new is not None and new.name == name else None
+            self.node_cache.node_changed(name, node)
+            if self._ledger is not None:
+                self._ledger.set_node(name, node)
 
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
         """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
@@ -270,13 +291,14 @@ class MirrorState:
             cached = self._tuples[kind] = tuple(self.records[kind].values())
         return cached
 
-    def cluster(self, now: datetime, settings: e.Settings) -> e.Cluster:
-        """The whole state as one engine snapshot (no database read)."""
+    def cluster(self, now: datetime, settings: e.Settings, *, with_devices: bool = True) -> e.Cluster:
+        """The whole state as one engine snapshot (no database read); ``with_devices=False``
+        leaves the devices out (for an engine given :meth:`ledger`, which holds them)."""
         return e.Cluster(
             now=now,
             classes=self._tuple("GPUClass"),
             nodes=self._tuple("Node"),
-            devices=self._tuple("GPU"),
+            devices=self._tuple("GPU") if with_devices else (),
             budgets=self._tuple("GPUBudget"),
             vmis=self._tuple("VirtualMachineInstance"),
             pods=self._tuple("Pod"),

@@ -98,7 +98,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
             catch.since_rebuild = catch.since_rebuild or bool(run.verify_mismatches)
         if settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS:
             time.sleep(settings.GPUPLANE_FAULT_PASS_DELAY_SECONDS)
-        run.devices_seen = len(snapshot.devices)
+        run.devices_seen = len(state.records["GPU"]) if kind == models.PassKind.FULL else len(snapshot.devices)
         run.save()
         if not snapshot.settings.enabled:
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
@@ -108,7 +108,10 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         if kind == models.PassKind.FULL:
             # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
             # devices and classes always get their usage records closed.
-            written = record_usage(run.pk, now, snapshot, result.devices, state.usage_subjects(catch, result))
+            subjects = state.usage_subjects(catch, result)
+            if subjects.everything:
+                snapshot = state.cluster(now, options)  # every device: a full reconciliation
+            written = record_usage(run.pk, now, snapshot, result.devices, subjects)
             run.records_opened, run.records_closed = written.opened, written.closed
             state.prune()
         run.finished = timezone.now()
@@ -157,9 +160,12 @@ def _write_own(
 
 
 def _view(kind: str, state: ClusterState, now: datetime, options: e.Settings) -> e.Cluster:
+    """What the engine is given. A full pass gets the state's ledger and the scope of
+    sets to visit, so it reads no device from the snapshot: the tuple of every device
+    (a million at the largest scale) is built only when the usage step reconciles all."""
     if kind == models.PassKind.ANSWER:
         return state.requested(now, options)
-    return state.cluster(now, options)
+    return state.cluster(now, options, with_devices=False)
 
 
 def _decide(kind: str, state: ClusterState, catch: Catchup, snapshot: e.Cluster) -> tuple[PassResult, bool, bool]:

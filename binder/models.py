@@ -559,10 +559,10 @@ class Checkpoint(models.Model):
     )
     position = models.BigIntegerField(help_text="the change-feed position the state is current to")
     horizon = models.JSONField(default=list, blank=True)
-    mark = models.CharField(max_length=32, blank=True)
+    mark = models.CharField(max_length=36, blank=True)
     mark_at = models.BigIntegerField(default=0)
-    token = models.CharField(max_length=32, help_text="matches the checkpoint's FeedReader row, which keeps its entries")
-    clean = models.BooleanField(
+    token = models.CharField(max_length=32, help_text="matches the FeedReader row that keeps its entries")
+    reconciled = models.BooleanField(
         default=True, help_text="saved with nothing left for the next full pass to reconcile (usage records)"
     )
     checksum = models.CharField(max_length=64, help_text="sha256 of data")

@@ -54,6 +54,9 @@ def _manual_passes(settings: Any) -> None:
     # (tests/test_webhook_serving.py checks the defaults, the servers and who may call).
     settings.GPUPLANE_WEBHOOK_ENABLED = True
     settings.GPUPLANE_SERVE = "webhook"
+    # Checkpoints off: the tests of when a worker reads everything again see those reads
+    # (tests/test_checkpoint.py turns them on).
+    settings.GPUPLANE_CHECKPOINTS = False
 
 
 @pytest.fixture(autouse=True)

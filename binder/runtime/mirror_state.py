@@ -67,7 +67,7 @@ class Catchup:
         for kind, keys in other.changed.items():
             self.changed[kind] |= keys
         self.dirty_sets |= other.dirty_sets
-        self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view != "incremental"
+        self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view == "rebuilt"
 
 
 class MirrorState:
@@ -278,6 +278,39 @@ class MirrorState:
         if ledger and self._ledger is not None:
             for key in keys:
                 self._ledger.commit(key, self.set_members(key))
+
+    # -- checkpoints (binder.runtime.checkpoint) -------------------------------------------
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """What a checkpoint saves: the records and what is derived from them (the ledger
+        and node cache too, so a start does not rebuild them), one pickle sharing the
+        record objects; the cursor is saved beside it."""
+        return {
+            "records": self.records,
+            "namespaces": self.namespaces,
+            "device_ids": self.device_ids,
+            "members": dict(self.members),
+            "ledger": self._ledger,
+            "node_cache": self.node_cache,
+            "verified_age": time.monotonic() - self.verified_at,
+        }
+
+    def restore_checkpoint(
+        self, payload: dict[str, Any], position: int, horizon: tuple[int, ...], mark: str, mark_at: int
+    ) -> None:
+        """Continue from a checkpoint's payload, standing at its feed position (the caller
+        then follows the feed from there)."""
+        self._reset("loaded from a checkpoint")
+        self.records = payload["records"]
+        self.namespaces = payload["namespaces"]
+        self.device_ids = payload["device_ids"]
+        self.members = defaultdict(dict, payload["members"])
+        self._ledger = payload["ledger"]
+        self.node_cache = payload["node_cache"]
+        self.verified_at = time.monotonic() - float(payload["verified_age"])
+        self.cursor = FeedCursor(position, horizon, mark, mark_at, anchor_name=self.worker)
+        self.valid = True
+        self.why_invalid = ""
 
     # -- what the engine reads -------------------------------------------------------------
 

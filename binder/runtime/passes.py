@@ -31,7 +31,7 @@ from binder import apiserver, models
 from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
 from binder.engine import types as e
 from binder.mirror.read import engine_settings
-from binder.runtime import cluster
+from binder.runtime import checkpoint, cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
@@ -81,7 +81,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         releasing = cluster.releases_due() if apiserver.cluster_mode() and kind == models.PassKind.FULL else []
         # Cluster mode too: the sync keeps the mirror current and the feed brings this
         # state current; the pass's own writes are mirrored by write_status (SPEC §4).
-        catch = state.catch_up(kind)
+        catch = state.catch_up(kind, load=checkpoint.load)
         run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
         run.dirty_sets = len(catch.dirty_sets)
         # What the pass saw: the whole state for a full pass (the usage step reads its
@@ -120,6 +120,8 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         if result.answered:
             notify_answers(run.pk)
     state.passed(run, kind, now, options, result, ledger_used, own_writes)
+    if run.verify_mismatches is not None or catch.view == "rebuilt":
+        _checkpoint(state, "after a verification" if run.verify_mismatches is not None else "after a rebuild")
     if run.writes_failed:
         state.refused_writes()
     if releasing:
@@ -146,6 +148,16 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         run.duration_ms,
     )
     return run
+
+
+def _checkpoint(state: ClusterState, why: str) -> None:
+    """Save the state just read from scratch (after the pass committed: the pass's own
+    writes are re-read by whoever replays the feed from it). A failure costs only the
+    checkpoint: the state and the pass stand."""
+    try:
+        checkpoint.save(state, why)
+    except Exception:
+        log.exception("saving a checkpoint failed; the previous one stays")
 
 
 def _write_own(

@@ -32,7 +32,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 
 #: The class status and budget usage a committed full pass wrote (see ``passes.write_result``).
 StatusWritten = tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Any]]
+
+
+#: Brings a state that cannot prove itself current up to date some cheaper way than a
+#: rebuild (``binder.runtime.checkpoint.load``), or returns None.
+Loader = Callable[["ClusterState", str], Catchup | None]
 
 
 class ClusterState(MirrorState):
@@ -85,7 +90,7 @@ class ClusterState(MirrorState):
 
     # -- bringing the state current (inside the pass's transaction and lock) -------------
 
-    def catch_up(self, kind: str = models.PassKind.FULL) -> Catchup:
+    def catch_up(self, kind: str = models.PassKind.FULL, load: Loader | None = None) -> Catchup:
         """Apply the feed entries not yet seen, or rebuild when the state cannot be proven current.
 
         Answer passes neither write usage records nor run the full rules, so what their
@@ -93,7 +98,7 @@ class ClusterState(MirrorState):
         """
         reason = self._not_provable()
         if reason:
-            catch = self.rebuild(reason)
+            catch = (load(self, reason) if load is not None else None) or self.rebuild(reason)
         else:
             skip, self.own_writes = self.own_writes, None
             catch = self.follow(skip)
@@ -105,6 +110,21 @@ class ClusterState(MirrorState):
         else:
             self.pending.absorb(catch)
         return catch
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        return {**super().checkpoint_payload(), "wanting": self.wanting, "unsettled": self._unsettled}
+
+    def restore_checkpoint(
+        self, payload: dict[str, Any], position: int, horizon: tuple[int, ...], mark: str, mark_at: int
+    ) -> None:
+        super().restore_checkpoint(payload, position, horizon, mark, mark_at)
+        self.wanting = payload["wanting"]
+        self._unsettled = payload["unsettled"]
+
+    def nothing_pending(self) -> bool:
+        """No answer pass found or wrote anything the next full pass must still act on."""
+        pending = self.pending
+        return not pending.since_rebuild and not pending.dirty_sets and not any(pending.changed.values())
 
     def _not_provable(self) -> str:
         if not self.valid:
@@ -368,7 +388,7 @@ class ClusterState(MirrorState):
         devices the pass wrote or the feed changed, pods the feed changed, and the pods of
         every set whose devices or VMI changed (a launcher's raw usage is its requests minus
         what its set holds). A rebuilt state, or a class change, reconciles everything."""
-        if catch.view != "incremental" or catch.since_rebuild or catch.changed.get("GPUClass"):
+        if catch.view == "rebuilt" or catch.since_rebuild or catch.changed.get("GPUClass"):
             return Subjects(everything=True)
         written = {d.key: d for d in result.devices}
         device_keys = set(catch.changed.get("GPU", ())) | set(written)

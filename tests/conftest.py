@@ -55,8 +55,9 @@ def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_WEBHOOK_ENABLED = True
     settings.GPUPLANE_SERVE = "webhook"
     # Checkpoints off: the tests of when a worker reads everything again see those reads
-    # (tests/test_checkpoint.py turns them on).
-    settings.GPUPLANE_CHECKPOINTS = False
+    # (tests/test_checkpoint.py turns them on; GPUPLANE_TEST_CHECKPOINTS=1 runs the
+    # state-machine tests with them, where only "rebuilt" views become "checkpoint").
+    settings.GPUPLANE_CHECKPOINTS = os.environ.get("GPUPLANE_TEST_CHECKPOINTS") == "1"
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from sys import intern
 from typing import Any
 
 from binder.engine import types as e
@@ -44,21 +45,27 @@ def device_from(
     bind_node_selector: Values | None = None,
 ) -> e.Device:
     phase_ = PHASES[phase]
+    # Interned: a million devices name a few classes, thousands of nodes and a few dozen
+    # reasons; each row read brings its own copy of each string (~200 bytes a device).
     return e.Device(
         namespace,
         name,
-        class_name,
-        vm_name,
+        intern(class_name),
+        intern(vm_name),
         phase_,
-        node,
+        intern(node),
         since,
-        reason,
+        intern(reason),
         bind_request,
         answered_request,
         answer,
         created,
-        dict(bind_node_selector or {}),
+        dict(bind_node_selector) if bind_node_selector else _NO_SELECTOR,
     )
+
+
+#: The nodeSelector of every device without one, shared (records are never mutated).
+_NO_SELECTOR: dict[str, str] = {}
 
 
 def tolerations_from(raw: Any) -> tuple[e.Toleration, ...]:

@@ -29,9 +29,12 @@ written and read only by this program, from its own database table.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import hashlib
+import io
 import logging
+import operator
 import pickle
 import time
 import uuid
@@ -44,7 +47,7 @@ from django.db.models.functions import Now
 
 from binder import models
 from binder.engine import types as e
-from binder.engine.accounting import Ledger
+from binder.engine.accounting import Contribution, Ledger
 from binder.engine.placement import NodeCache
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState
@@ -57,10 +60,14 @@ SCHEMA_VERSION = 1
 READER = "checkpoint"
 
 
+#: The record classes a payload holds by the thousand (pickled by :func:`_reducer`).
+_RECORDS = (e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration, Contribution)
+
+
 def _layout() -> str:
     """The engine records' field names: a pickle of another layout would unpickle into
     records missing fields, so a change refuses older checkpoints by itself."""
-    kinds = (e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration, Ledger, NodeCache)
+    kinds = (*_RECORDS, Ledger, NodeCache)
     names = ";".join(
         f"{k.__name__}:{','.join(f.name for f in dataclasses.fields(k))}"
         if dataclasses.is_dataclass(k)
@@ -71,6 +78,27 @@ def _layout() -> str:
 
 
 SCHEMA = f"{SCHEMA_VERSION}:{_layout()}"
+
+
+def _reducer(cls: type) -> Any:
+    """Pickle a record as its class and its fields in order (a constructor call): the
+    default for slotted dataclasses calls a Python ``__getstate__``/``__setstate__`` per
+    object, four times slower both ways for a million devices."""
+    get = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+    if len(dataclasses.fields(cls)) == 1:
+        return lambda record: (cls, (get(record),))
+    return lambda record: (cls, get(record))
+
+
+_DISPATCH: dict[type, Any] = {**copyreg.dispatch_table, **{cls: _reducer(cls) for cls in _RECORDS}}
+
+
+def _dumps(payload: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(payload)
+    return buffer.getvalue()
 
 
 def save(state: ClusterState, why: str) -> models.Checkpoint | None:
@@ -90,7 +118,7 @@ def save(state: ClusterState, why: str) -> models.Checkpoint | None:
         cursor = state.cursor
         position, horizon, mark, mark_at = cursor.position, list(cursor.horizon), cursor.mark, cursor.mark_at
         reconciled = state.nothing_pending()
-        data = zlib.compress(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        data = zlib.compress(_dumps(payload), 1)
     token = uuid.uuid4().hex
     with transaction.atomic():
         row = models.Checkpoint.objects.create(

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--kind", choices=("full", "answer"), default="full")
     args = parser.parse_args()
-    setup_django(args.database_url, migrate=False)
+    setup_django(args.database_url, migrate=True)
     from binder.runtime.passes import run_pass
 
     delete_bench_sets()

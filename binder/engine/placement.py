@@ -78,6 +78,14 @@ class NodeCache:
             self.node_names = sorted(self.nodes)
         return self.nodes, self.node_names
 
+    def prepare(self, nodes: Iterable[Node], classes: Iterable[GpuClass]) -> None:
+        """Work out each class's eligible nodes now (a sweep of the nodes per class), so
+        the first order of a class after a start does not pay for it."""
+        self.index(nodes)
+        self.classes = {c.name: c for c in classes}
+        for name in ("", *sorted(self.classes)):
+            self._class_set(name)
+
     def eligible_for(self, key: EligibleKey, classes: Mapping[str, GpuClass]) -> set[str]:
         """The nodes that may take new units of ``key``'s classes and requested selector.
 

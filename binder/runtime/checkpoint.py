@@ -32,7 +32,6 @@ from __future__ import annotations
 import copyreg
 import dataclasses
 import hashlib
-import io
 import logging
 import operator
 import pickle
@@ -93,12 +92,30 @@ def _reducer(cls: type) -> Any:
 _DISPATCH: dict[type, Any] = {**copyreg.dispatch_table, **{cls: _reducer(cls) for cls in _RECORDS}}
 
 
+class _Deflate:
+    """A file the pickler writes into, compressing as it goes: the uncompressed pickle of
+    a million devices (hundreds of MiB) never exists whole in memory."""
+
+    def __init__(self) -> None:
+        self._zlib = zlib.compressobj(1)
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.chunks.append(self._zlib.compress(data))
+        return len(data)
+
+    def close(self) -> bytes:
+        self.chunks.append(self._zlib.flush())
+        return b"".join(self.chunks)
+
+
 def _dumps(payload: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    """The payload pickled (records as constructor calls) and compressed."""
+    out = _Deflate()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = _DISPATCH
     pickler.dump(payload)
-    return buffer.getvalue()
+    return out.close()
 
 
 def save(state: ClusterState, why: str) -> models.Checkpoint | None:
@@ -118,7 +135,7 @@ def save(state: ClusterState, why: str) -> models.Checkpoint | None:
         cursor = state.cursor
         position, horizon, mark, mark_at = cursor.position, list(cursor.horizon), cursor.mark, cursor.mark_at
         reconciled = state.nothing_pending()
-        data = zlib.compress(_dumps(payload), 1)
+        data = _dumps(payload)
     token = uuid.uuid4().hex
     with transaction.atomic():
         row = models.Checkpoint.objects.create(

@@ -167,6 +167,7 @@ class MirrorState:
         return catch
 
     def _rebuilt(self, feed: FeedRead) -> None:
+        self.node_cache.prepare(self._tuple("Node"), self._tuple("GPUClass"))
         self.cursor.advance(feed)
         self.valid = True
         self.why_invalid = ""

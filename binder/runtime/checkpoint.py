@@ -109,6 +109,50 @@ class _Deflate:
         return b"".join(self.chunks)
 
 
+class _Inflate:
+    """The file the unpickler reads from, decompressing as it goes (see :class:`_Deflate`)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._zlib = zlib.decompressobj()
+        self._data = memoryview(data)
+        self._at = 0
+        self._buffer = bytearray()
+        self._pos = 0
+
+    def _fill(self, wanted: int) -> None:
+        while len(self._buffer) - self._pos < wanted and (self._at < len(self._data) or self._zlib.unconsumed_tail):
+            del self._buffer[: self._pos]
+            self._pos = 0
+            chunk = self._zlib.unconsumed_tail or self._data[self._at : self._at + (1 << 20)]
+            if not self._zlib.unconsumed_tail:
+                self._at += len(chunk)
+            self._buffer += self._zlib.decompress(chunk, 1 << 22)
+        if self._at >= len(self._data) and not self._zlib.unconsumed_tail and len(self._buffer) - self._pos < wanted:
+            self._buffer += self._zlib.flush()
+
+    def read(self, size: int = -1) -> bytes:
+        self._fill(size if size >= 0 else 1 << 62)
+        end = len(self._buffer) if size < 0 else self._pos + size
+        out = bytes(self._buffer[self._pos : end])
+        self._pos += len(out)
+        return out
+
+    def readline(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n", self._pos)
+            if newline >= 0:
+                return self.read(newline + 1 - self._pos)
+            before = len(self._buffer) - self._pos
+            self._fill(before + 1)
+            if len(self._buffer) - self._pos == before:
+                return self.read()
+
+
+def _loads(data: bytes) -> Any:
+    # Our own table, written by save() above; the checksum was checked first.
+    return pickle.Unpickler(_Inflate(data)).load()  # noqa: S301
+
+
 def _dumps(payload: dict[str, Any]) -> bytes:
     """The payload pickled (records as constructor calls) and compressed."""
     out = _Deflate()
@@ -214,8 +258,7 @@ def _refusal(row: models.Checkpoint | None) -> tuple[str, Any]:
     if hashlib.sha256(data).hexdigest() != row.checksum:
         return f"checkpoint {row.pk} is corrupt (checksum mismatch)", None
     try:
-        # Our own table, written by save() above; the checksum was checked first.
-        payload = pickle.loads(zlib.decompress(data))  # noqa: S301
+        payload = _loads(data)
     except Exception as exc:  # noqa: BLE001 - any failure to read it is "corrupt"
         return f"checkpoint {row.pk} is corrupt ({type(exc).__name__}: {exc})", None
     if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:

@@ -43,6 +43,8 @@ from usage.records import record_usage
 
 log = logging.getLogger(__name__)
 
+#: From this many devices a state read whole is frozen out of the cyclic collector.
+FREEZE_AT_DEVICES = 50_000
 #: The fields a pass may write on a device.
 PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer")
 
@@ -121,8 +123,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         if result.answered:
             notify_answers(run.pk)
     state.passed(run, kind, now, options, result, ledger_used, own_writes)
-    if run.verify_mismatches is not None or catch.view == "rebuilt":
-        _checkpoint(state, "after a verification" if run.verify_mismatches is not None else "after a rebuild")
+    _after_a_whole_read(state, run, catch.view)
     if run.writes_failed:
         state.refused_writes()
     if releasing:
@@ -151,14 +152,24 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
     return run
 
 
-def _checkpoint(state: ClusterState, why: str) -> None:
-    """Save the state just read from scratch (after the pass committed: the pass's own
-    writes are re-read by whoever replays the feed from it). A failure costs only the
-    checkpoint: the state and the pass stand."""
-    try:
-        checkpoint.save(state, why)
-    except Exception:
-        log.exception("saving a checkpoint failed; the previous one stays")
+def _after_a_whole_read(state: ClusterState, run: models.PassRun, view: str) -> None:
+    """After a pass whose state was read whole (rebuilt, verified or loaded).
+
+    A large state's long-lived objects leave the cyclic collector's reach (they hold no
+    cycles): else a full collection between two passes scans them all, seconds at a
+    million devices, landing in some pass. (Small states are left alone: freezing also
+    keeps any cyclic garbage of the moment for good.) A state read from scratch is saved as the
+    checkpoint (after the pass committed: the pass's own writes are re-read by whoever
+    replays the feed from it); a failure costs only the checkpoint.
+    """
+    verified = run.verify_mismatches is not None
+    if (verified or view in ("rebuilt", "checkpoint")) and len(state.device_ids) >= FREEZE_AT_DEVICES:
+        gc.freeze()
+    if verified or view == "rebuilt":
+        try:
+            checkpoint.save(state, "after a verification" if verified else "after a rebuild")
+        except Exception:
+            log.exception("saving a checkpoint failed; the previous one stays")
 
 
 def _write_own(

@@ -229,7 +229,6 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
-
     # -- issue 18 item 1: why a Lost or Pending device's set does not fit, worked out now --
     @admin.display(description="why not placed, now")
     def placement_explanation(self, obj: models.GpuDevice) -> str:

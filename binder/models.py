@@ -547,3 +547,39 @@ class FeedReader(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker} at #{self.position}"
+
+
+class Checkpoint(models.Model):
+    """A pass worker's in-memory state saved with its place in the change feed, so a new
+    process (or a worker whose own place is no longer recorded) loads it and replays the
+    feed after it instead of reading every mirrored row again (``binder.runtime.checkpoint``).
+
+    Written after each verification and on a clean shutdown, in one transaction with the
+    deletion of the older ones: a writer killed half way leaves the previous checkpoint.
+    The data is a versioned, checksummed, compressed pickle that only this program writes
+    and reads (``schema`` and ``checksum`` are checked before it is unpickled).
+    """
+
+    created = models.DateTimeField(db_default=Now())
+    worker = models.CharField(max_length=200, help_text="the worker incarnation that wrote it")
+    schema = models.CharField(
+        max_length=80, help_text="the version and record layout of the data; another one is refused"
+    )
+    position = models.BigIntegerField(help_text="the change-feed position the state is current to")
+    horizon = models.JSONField(default=list, blank=True)
+    mark = models.CharField(max_length=36, blank=True)
+    mark_at = models.BigIntegerField(default=0)
+    token = models.CharField(max_length=32, help_text="matches the FeedReader row that keeps its entries")
+    reconciled = models.BooleanField(
+        default=True, help_text="saved with nothing left for the next full pass to reconcile (usage records)"
+    )
+    checksum = models.CharField(max_length=64, help_text="sha256 of data")
+    size = models.BigIntegerField(default=0)
+    data = models.BinaryField()
+
+    class Meta:
+        db_table = "binder_checkpoint"
+        ordering = ("-id",)
+
+    def __str__(self) -> str:
+        return f"checkpoint #{self.pk} at #{self.position} ({self.size} bytes)"

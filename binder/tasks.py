@@ -7,10 +7,17 @@ publishes them by name, so only this module (and the worker) imports the pass.
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown, worker_shutdown
 
 from binder.models import PassKind
 from binder.queue import full_pass_overdue, queue_full_pass, release, send_full_pass
+from binder.runtime.checkpoint import save_on_shutdown
 from binder.runtime.passes import run_pass
+
+# A clean shutdown saves the pass state for the next start: the solo pool keeps it in the
+# worker process itself, the prefork pool in each child (an invalid state saves nothing).
+worker_shutdown.connect(save_on_shutdown, weak=False)
+worker_process_shutdown.connect(save_on_shutdown, weak=False)
 
 
 @shared_task(name="binder.full_pass")

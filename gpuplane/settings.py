@@ -324,6 +324,11 @@ GPUPLANE_VERIFY_SECONDS = env_int("GPUPLANE_VERIFY_SECONDS", 600)
 #: A pass worker not seen for this long no longer holds back the pruning of the change
 #: feed; when it comes back it reads everything again (binder.models.FeedReader).
 GPUPLANE_FEED_RETENTION_SECONDS = env_int("GPUPLANE_FEED_RETENTION_SECONDS", 900, minimum=1)
+#: Pass workers save their in-memory state to the database after each verification and
+#: at a clean shutdown, and a starting worker loads the newest one and replays the change
+#: feed after it instead of reading every row (binder.runtime.checkpoint). "false": every
+#: start reads everything.
+GPUPLANE_CHECKPOINTS = env_bool("GPUPLANE_CHECKPOINTS", True)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every
 #: pass, holding the pass lock, between reading and writing. Never set it in production.

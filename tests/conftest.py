@@ -68,6 +68,10 @@ def _manual_passes(settings: Any) -> None:
     # (tests/test_webhook_serving.py checks the defaults, the servers and who may call).
     settings.GPUPLANE_WEBHOOK_ENABLED = True
     settings.GPUPLANE_SERVE = "webhook"
+    # Checkpoints off: the tests of when a worker reads everything again see those reads
+    # (tests/test_checkpoint.py turns them on; GPUPLANE_TEST_CHECKPOINTS=1 runs the
+    # state-machine tests with them, where only "rebuilt" views become "checkpoint").
+    settings.GPUPLANE_CHECKPOINTS = os.environ.get("GPUPLANE_TEST_CHECKPOINTS") == "1"
 
 
 @pytest.fixture(autouse=True)

@@ -80,6 +80,7 @@ class Worker:
             "GPUPLANE_BROKER_KEY_PREFIX": PREFIX,
             # Every pass on the worker's in-memory state is verified against a rebuild.
             "GPUPLANE_VERIFY_SECONDS": "0",
+            "GPUPLANE_CHECKPOINTS": "false",  # as in the test process (tests/conftest.py)
             **(extra_env or {}),
         }
         self.log = log

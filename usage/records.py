@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from django.db import connection
 
 from binder import apiserver
@@ -165,10 +166,12 @@ def open_records_of(subjects: Subjects) -> list[OpenRecord]:
         if not wanted:
             return []
         columns = ", ".join(f"r.{column}" for column in HOLDING_COLUMNS)
-        with connection.cursor() as cursor:
+        with connection.cursor() as django_cursor:
+            # Binary array parameters (server-side binding): see binder.runtime.passes.
+            cursor = psycopg.Cursor(django_cursor.cursor.connection)
             cursor.execute(
                 f"SELECT r.id, {columns} FROM {UsageRecord._meta.db_table} AS r"  # noqa: S608 - constant SQL
-                " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS v(ns, kind, subject)"
+                " JOIN unnest(%b::text[], %b::text[], %b::text[]) AS v(ns, kind, subject)"
                 " ON r.namespace = v.ns AND r.subject_kind = v.kind AND r.subject = v.subject"
                 ' WHERE r."end" IS NULL',
                 [[k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted]],

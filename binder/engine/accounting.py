@@ -108,7 +108,8 @@ class Ledger:
         vmis: Mapping[SetKey, Vmi],
     ) -> None:
         self.classes = classes
-        self.nodes = nodes
+        #: A copy: :meth:`set_node` changes it.
+        self.nodes: dict[str, Node] = dict(nodes)
         self.booked: dict[str, Counter[str]] = defaultdict(Counter)
         self.device_booked: dict[str, Counter[str]] = defaultdict(Counter)
         self.used: dict[str, Counter[str]] = defaultdict(Counter)
@@ -206,37 +207,6 @@ class Ledger:
         twin._indexed = self._indexed
         return twin
 
-    def replace_node(self, name: str, node: Node | None) -> None:
-        """Make ``node`` the record of node ``name`` (None: the node is gone).
-
-        Only a node's allocatable is read from its record (what is booked there comes
-        from sets and pods), so the ledger stays what building it again would give: the
-        node leaves its free-units buckets and, if it still exists, joins the new ones.
-        """
-        nodes = dict(self.nodes)  # the mapping may be the caller's
-        old = nodes.get(name)
-        if old is not None:
-            for resource in set(old.allocatable) | set(self.booked.get(name, ())):
-                self._unbucket(name, resource, self.free(name, resource))
-            del nodes[name]
-        if node is not None:
-            nodes[name] = node
-        self.nodes = nodes
-        if node is not None:
-            for resource in sorted(set(node.allocatable) | set(self.booked.get(name, ()))):
-                bisect.insort(self.by_free[resource].setdefault(self.free(name, resource), []), name)
-
-    def _unbucket(self, node: str, resource: str, free: int) -> None:
-        buckets = self.by_free.get(resource)
-        bucket = buckets.get(free) if buckets is not None else None
-        if buckets is None or bucket is None:
-            return
-        index = bisect.bisect_left(bucket, node)
-        if index < len(bucket) and bucket[index] == node:
-            del bucket[index]
-            if not bucket:
-                del buckets[free]
-
     def over_booked(self, node: str) -> list[str]:
         """Resources of ``node`` booked beyond allocatable, sorted."""
         return sorted(r for r, units in self.booked[node].items() if units > 0 and self.free(node, r) < 0)
@@ -322,6 +292,39 @@ class Ledger:
                 self._rebucket(node, resource, was, now)
 
     def _rebucket(self, node: str, resource: str, was: int, now: int) -> None:
+        self._unbucket(node, resource, was)
+        bisect.insort(self.by_free[resource].setdefault(now, []), node)
+
+    def fullest_with_room(self, resource: str, units: int) -> Iterator[str]:
+        """Nodes with at least ``units`` free of ``resource``: fewest free first, then by name."""
+        buckets = self.by_free.get(resource, {})
+        for free in sorted(f for f in buckets if f >= units):
+            yield from buckets[free]
+
+    def room_count(self, resource: str, units: int) -> int:
+        """How many nodes have at least ``units`` free of ``resource`` (from the index's buckets)."""
+        return sum(len(names) for free, names in self.by_free.get(resource, {}).items() if free >= units)
+
+    def set_node(self, name: str, node: Node | None) -> None:
+        """Node ``name`` is now ``node`` (None: deleted): its free units change, nothing
+        else (bookings belong to sets and pods), so the index moves just this node."""
+        nodes = self.nodes
+        old = nodes.get(name)
+        resources = set(self.booked.get(name, ()))
+        for n in (old, node):
+            if n is not None:
+                resources |= set(n.allocatable)
+        if old is not None:
+            for resource in resources:
+                self._unbucket(name, resource, self.free(name, resource))
+        if node is None:
+            nodes.pop(name, None)
+            return
+        nodes[name] = node
+        for resource in set(node.allocatable) | set(self.booked.get(name, ())):
+            bisect.insort(self.by_free[resource].setdefault(self.free(name, resource), []), name)
+
+    def _unbucket(self, node: str, resource: str, was: int) -> None:
         buckets = self.by_free[resource]
         old_bucket = buckets.get(was)
         if old_bucket is not None:
@@ -330,13 +333,6 @@ class Ledger:
                 del old_bucket[index]
                 if not old_bucket:
                     del buckets[was]
-        bisect.insort(buckets.setdefault(now, []), node)
-
-    def fullest_with_room(self, resource: str, units: int) -> Iterator[str]:
-        """Nodes with at least ``units`` free of ``resource``: fewest free first, then by name."""
-        buckets = self.by_free.get(resource, {})
-        for free in sorted(f for f in buckets if f >= units):
-            yield from buckets[free]
 
     def _index_nodes(self, key: SetKey, devices: Iterable[Device], sign: int) -> None:
         for node in {d.node for d in devices if d.phase is Phase.BOUND and d.node}:

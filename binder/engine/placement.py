@@ -51,16 +51,19 @@ REASON_BOUND = "bound: fullest node with room"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+EligibleKey = tuple[frozenset[str], frozenset[tuple[str, str]]]
+
+
 @dataclasses.dataclass
 class NodeCache:
     """What the engine derives from nodes and classes alone, kept by a caller between
-    passes and replaced whenever a node or a class changes (nothing else is read)."""
+    passes: replaced whenever a class changes, and brought current node by node
+    (:meth:`node_changed`) when a node changes, so a node's heartbeat costs that node,
+    not a sweep of the cluster."""
 
     #: Nodes that may take new units, per (class names, requested nodeSelector); see
     #: ``_Pass.eligible_nodes``.
-    eligible: dict[tuple[frozenset[str], frozenset[tuple[str, str]]], frozenset[str]] = dataclasses.field(
-        default_factory=dict
-    )
+    eligible: dict[EligibleKey, set[str]] = dataclasses.field(default_factory=dict)
     #: Nodes whose taint some of these classes do not tolerate, with why (refusal notes).
     tainted: dict[frozenset[str], tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
     #: Allocatable units of each class's resource on the nodes its selector matches.
@@ -69,6 +72,13 @@ class NodeCache:
     #: building these than placing its set).
     nodes: dict[str, Node] | None = None
     node_names: list[str] | None = None
+    #: The classes the sets below were worked out with (the cache is replaced when one changes).
+    classes: dict[str, GpuClass] = dataclasses.field(default_factory=dict)
+    #: Nodes that take new units of one class (Ready, schedulable, not draining, its
+    #: selector matched, its taints tolerated), per class name; key ``""``: of no class.
+    per_class: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    #: Nodes per (label, value), for a bind request's own nodeSelector (built on first use).
+    labelled: dict[tuple[str, str], set[str]] | None = None
 
     def index(self, nodes: Iterable[Node]) -> tuple[Mapping[str, Node], Sequence[str]]:
         """``nodes`` by name and their sorted names, built once per cache."""
@@ -76,6 +86,109 @@ class NodeCache:
             self.nodes = {n.name: n for n in nodes}
             self.node_names = sorted(self.nodes)
         return self.nodes, self.node_names
+
+    def prepare(self, nodes: Iterable[Node], classes: Iterable[GpuClass]) -> None:
+        """Work out each class's eligible nodes now (a sweep of the nodes per class), so
+        the first order of a class after a start does not pay for it."""
+        self.index(nodes)
+        self.classes = {c.name: c for c in classes}
+        for name in ("", *sorted(self.classes)):
+            self._class_set(name)
+
+    def eligible_for(self, key: EligibleKey, classes: Mapping[str, GpuClass]) -> set[str]:
+        """The nodes that may take new units of ``key``'s classes and requested selector.
+
+        Worked out once per class (one sweep of the nodes) and per label; a combination
+        of classes and labels is then an intersection of those sets.
+        """
+        cached = self.eligible.get(key)
+        if cached is not None:
+            return cached
+        names, selector = key
+        present = sorted(n for n in names if n in classes) or [""]
+        sets = sorted((self._class_set(name) for name in present), key=len)
+        found = set(sets[0]).intersection(*sets[1:])
+        if selector:
+            labelled = self._labelled()
+            for pair in selector:
+                found &= labelled.get(pair, set())
+        self.eligible[key] = found
+        return found
+
+    def _class_set(self, name: str) -> set[str]:
+        found = self.per_class.get(name)
+        if found is None:
+            classes = (self.classes[name],) if name else ()
+            found = {n for n, node in (self.nodes or {}).items() if refuses_new(node, classes) is None}
+            self.per_class[name] = found
+        return found
+
+    def _labelled(self) -> dict[tuple[str, str], set[str]]:
+        if self.labelled is None:
+            self.labelled = defaultdict(set)
+            for name, node in (self.nodes or {}).items():
+                for pair in node.labels.items():
+                    self.labelled[pair].add(name)
+        return self.labelled
+
+    def _takes(self, node: Node, key: EligibleKey) -> bool:
+        names, selector = key
+        classes = [self.classes[n] for n in sorted(names) if n in self.classes]
+        return refuses_new(node, classes) is None and all(node.labels.get(k) == v for k, v in selector)
+
+    def node_changed(self, name: str, node: Node | None) -> None:
+        """Node ``name`` is now ``node`` (None: deleted): update everything derived from it."""
+        if self.nodes is None or self.node_names is None:
+            return
+        old = self.nodes.get(name)
+        if node is None:
+            self.nodes.pop(name, None)
+            if old is not None:
+                del self.node_names[bisect.bisect_left(self.node_names, name)]
+        else:
+            self.nodes[name] = node
+            if old is None:
+                bisect.insort(self.node_names, name)
+        for cls_name, found in self.per_class.items():
+            classes = (self.classes[cls_name],) if cls_name else ()
+            _put(found, name, node is not None and refuses_new(node, classes) is None)
+        for key, found in self.eligible.items():
+            _put(found, name, node is not None and self._takes(node, key))
+        if self.labelled is not None:
+            for pair in old.labels.items() if old is not None else ():
+                self.labelled[pair].discard(name)
+            for pair in node.labels.items() if node is not None else ():
+                self.labelled[pair].add(name)
+        self._retaint(name, node)
+        if self.allocatable is not None:
+            self._reallocate(old, node)
+
+    def _retaint(self, name: str, node: Node | None) -> None:
+        for cls_key, tainted in list(self.tainted.items()):
+            kept = [t for t in tainted if t[0] != name]
+            why = untolerated_taint(node, self._sorted_classes(cls_key)) if node is not None else None
+            if why:
+                bisect.insort(kept, (name, why))
+            self.tainted[cls_key] = tuple(kept)
+
+    def _reallocate(self, old: Node | None, new: Node | None) -> None:
+        allocatable = self.allocatable if self.allocatable is not None else {}
+        for cls_name, cls in self.classes.items():
+            for sign, n in ((-1, old), (1, new)):
+                if n is not None and all(n.labels.get(k) == v for k, v in cls.node_selector.items()):
+                    allocatable[cls_name] = allocatable.get(cls_name, 0) + sign * n.allocatable.get(
+                        cls.resource_name, 0
+                    )
+
+    def _sorted_classes(self, names: frozenset[str]) -> list[GpuClass]:
+        return [self.classes[n] for n in sorted(names) if n in self.classes]
+
+
+def _put(found: set[str], name: str, member: bool) -> None:
+    if member:
+        found.add(name)
+    else:
+        found.discard(name)
 
 
 def is_settled(members: Sequence[Device], nodes: Mapping[str, Node], classes: Mapping[str, GpuClass]) -> bool:
@@ -322,6 +435,7 @@ class _Pass:
         self.settings = cluster.settings
         self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
         self.cache = cache if cache is not None else NodeCache()
+        self.cache.classes = self.classes
         self.nodes, self.node_names = self.cache.index(cluster.nodes)
         #: Each changed set's members as the pass found them, taken at its first change.
         self._before: dict[SetKey, tuple[Device, ...]] = {}
@@ -479,9 +593,13 @@ class _Pass:
                     consider(name, self.ledger.free(name, resource) - units)
                     break
         else:
+            # Several resources: only nodes with room for each can take the set. Walk the
+            # smallest of the per-resource "room" lists (from the free-units index) and
+            # rank each candidate as the plain scan would (fewest free left, then name).
             free = self.ledger.free
-            for name in sorted(eligible):
-                if name in skip or name in special:
+            fewest = min(need, key=lambda r: (self.ledger.room_count(r, need[r]), r))
+            for name in self.ledger.fullest_with_room(fewest, need[fewest]):
+                if name not in eligible or name in skip or name in special:
                     continue
                 left: int | None = 0
                 for resource, units in need.items():
@@ -493,17 +611,12 @@ class _Pass:
                 consider(name, left)
         return best[2] if best else None
 
-    def eligible_nodes(self, devices: Sequence[Device]) -> frozenset[str]:
-        """Nodes that may take new units of ``devices``' classes (cached per pass:
-        readiness, cordons, labels and taints do not change within a pass), and of an
-        unanswered bind request's nodeSelector."""
+    def eligible_nodes(self, devices: Sequence[Device]) -> set[str]:
+        """Nodes that may take new units of ``devices``' classes (cached: readiness,
+        cordons, labels and taints do not change within a pass, and the cache follows a
+        changed node), and of an unanswered bind request's nodeSelector."""
         classes = frozenset(d.class_name for d in devices)
-        cache_key = (classes, frozenset(requested_selector(devices).items()))
-        cached = self.cache.eligible.get(cache_key)
-        if cached is None:
-            cached = frozenset(name for name in self.node_names if not self.cannot_take(name, devices))
-            self.cache.eligible[cache_key] = cached
-        return cached
+        return self.cache.eligible_for((classes, frozenset(requested_selector(devices).items())), self.classes)
 
     def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
         """Why making ``candidate`` current would push the tenant over a budget, or None

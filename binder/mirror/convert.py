@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from sys import intern
 from typing import Any
 
 from binder.engine import types as e
@@ -51,25 +52,31 @@ def device_from(
     if alternative_class_names:
         # The engine books a device by the class it is held as (status.className while
         # Bound or Lost); without alternatives that is always spec.className.
-        choices = (class_name, *alternative_class_names)
+        choices = tuple(intern(c) for c in (class_name, *alternative_class_names))
         if status_class_name and phase_ is not e.Phase.PENDING:
             held_as = status_class_name
+    # Interned: a million devices name a few classes, thousands of nodes and a few dozen
+    # reasons; each row read brings its own copy of each string (~200 bytes a device).
     return e.Device(
         namespace,
         name,
-        held_as,
-        vm_name,
+        intern(held_as),
+        intern(vm_name),
         phase_,
-        node,
+        intern(node),
         since,
-        reason,
+        intern(reason),
         bind_request,
         answered_request,
         answer,
         created,
-        dict(bind_node_selector or {}),
+        dict(bind_node_selector) if bind_node_selector else _NO_SELECTOR,
         choices,
     )
+
+
+#: The nodeSelector of every device without one, shared (records are never mutated).
+_NO_SELECTOR: dict[str, str] = {}
 
 
 def tolerations_from(raw: Any) -> tuple[e.Toleration, ...]:

@@ -67,7 +67,7 @@ class Catchup:
         for kind, keys in other.changed.items():
             self.changed[kind] |= keys
         self.dirty_sets |= other.dirty_sets
-        self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view != "incremental"
+        self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view == "rebuilt"
 
 
 class MirrorState:
@@ -167,6 +167,7 @@ class MirrorState:
         return catch
 
     def _rebuilt(self, feed: FeedRead) -> None:
+        self.node_cache.prepare(self._tuple("Node"), self._tuple("GPUClass"))
         self.cursor.advance(feed)
         self.valid = True
         self.why_invalid = ""
@@ -214,9 +215,7 @@ class MirrorState:
                 del table[object_id]
             else:
                 table[object_id] = new
-            if kind == "GPU":
-                self._replace_device(object_id, old, new)
-                sets.update(d.set_key for d in (old, new) if d is not None)
+            self._replaced(kind, object_id, old, new, sets)
         if sets:
             self._sets_changed(sorted(sets))
         if changed:
@@ -225,10 +224,33 @@ class MirrorState:
     def _changed(self, kind: str) -> None:
         """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
         self._tuples.pop(kind, None)
-        if kind in ("Node", "GPUClass"):
+        if kind == "GPUClass":
             self.node_cache = NodeCache()
-        if kind not in ("GPU", "GPUBudget"):
-            self._ledger = None  # nodes, classes, pods, VMIs: the ledger is built again
+        if kind not in ("GPU", "GPUBudget", "Node"):
+            self._ledger = None  # classes, pods, VMIs: the ledger is built again
+
+    def _replaced(self, kind: str, object_id: int, old: Any, new: Any, sets: set[SetKey]) -> None:
+        """Keep the indexes of ``kind`` current for one record (``sets``: the sets touched)."""
+        if kind == "GPU":
+            self._replace_device(object_id, old, new)
+            sets.update(d.set_key for d in (old, new) if d is not None)
+        elif kind == "Node":
+            self._node_replaced(old, new)
+        elif kind == "Pod":
+            self._pod_replaced(old, new)
+
+    def _pod_replaced(self, old: e.Pod | None, new: e.Pod | None) -> None:
+        """One pod changed (a subclass keeps its indexes of pods current here)."""
+
+    def _node_replaced(self, old: e.Node | None, new: e.Node | None) -> None:
+        """One node changed: the node cache and the ledger's free-units index move just
+        that node (rebuilding either costs a sweep of every node, or of every device)."""
+        self._tuples.pop("Node", None)  # the records already hold the change
+        for name in sorted({n.name for n in (old, new) if n is not None}):
+            node = new if new is not None and new.name == name else None
+            self.node_cache.node_changed(name, node)
+            if self._ledger is not None:
+                self._ledger.set_node(name, node)
 
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
         """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
@@ -258,6 +280,39 @@ class MirrorState:
             for key in keys:
                 self._ledger.commit(key, self.set_members(key))
 
+    # -- checkpoints (binder.runtime.checkpoint) -------------------------------------------
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """What a checkpoint saves: the records and what is derived from them (the ledger
+        and node cache too, so a start does not rebuild them), one pickle sharing the
+        record objects; the cursor is saved beside it."""
+        return {
+            "records": self.records,
+            "namespaces": self.namespaces,
+            "device_ids": self.device_ids,
+            "members": dict(self.members),
+            "ledger": self._ledger,
+            "node_cache": self.node_cache,
+            "verified_age": time.monotonic() - self.verified_at,
+        }
+
+    def restore_checkpoint(
+        self, payload: dict[str, Any], position: int, horizon: tuple[int, ...], mark: str, mark_at: int
+    ) -> None:
+        """Continue from a checkpoint's payload, standing at its feed position (the caller
+        then follows the feed from there)."""
+        self._reset("loaded from a checkpoint")
+        self.records = payload["records"]
+        self.namespaces = payload["namespaces"]
+        self.device_ids = payload["device_ids"]
+        self.members = defaultdict(dict, payload["members"])
+        self._ledger = payload["ledger"]
+        self.node_cache = payload["node_cache"]
+        self.verified_at = time.monotonic() - float(payload["verified_age"])
+        self.cursor = FeedCursor(position, horizon, mark, mark_at, anchor_name=self.worker)
+        self.valid = True
+        self.why_invalid = ""
+
     # -- what the engine reads -------------------------------------------------------------
 
     def set_members(self, key: SetKey) -> tuple[e.Device, ...]:
@@ -270,13 +325,14 @@ class MirrorState:
             cached = self._tuples[kind] = tuple(self.records[kind].values())
         return cached
 
-    def cluster(self, now: datetime, settings: e.Settings) -> e.Cluster:
-        """The whole state as one engine snapshot (no database read)."""
+    def cluster(self, now: datetime, settings: e.Settings, *, with_devices: bool = True) -> e.Cluster:
+        """The whole state as one engine snapshot (no database read); ``with_devices=False``
+        leaves the devices out (for an engine given :meth:`ledger`, which holds them)."""
         return e.Cluster(
             now=now,
             classes=self._tuple("GPUClass"),
             nodes=self._tuple("Node"),
-            devices=self._tuple("GPU"),
+            devices=self._tuple("GPU") if with_devices else (),
             budgets=self._tuple("GPUBudget"),
             vmis=self._tuple("VirtualMachineInstance"),
             pods=self._tuple("Pod"),

@@ -149,21 +149,8 @@ class ReadModel(MirrorState):
     def _apply(self, kind: str, ids: set[int], catch: Catchup) -> None:
         table = self.records[kind]
         before = {object_id: table.get(object_id) for object_id in ids}
-        ledger = self._ledger
+        # A node change moves just that node in the kept ledger (``MirrorState._node_replaced``).
         super()._apply(kind, ids, catch)
-        if kind == "Node" and ledger is not None:
-            # A node's record gives the ledger only its allocatable: move just those nodes
-            # instead of building the ledger again from every device (1.6 s at 100k).
-            moved = [
-                (old, table.get(object_id)) for object_id, old in before.items() if old is not table.get(object_id)
-            ]
-            for old, new in moved:  # removals first: a node deleted and made again under its name
-                if old is not None and (new is None or new.name != old.name):
-                    ledger.replace_node(old.name, None)
-            for _, new in moved:
-                if new is not None:
-                    ledger.replace_node(new.name, new)
-            self._ledger = ledger
         if kind not in NAMESPACED:
             return
         for object_id, old in before.items():

@@ -32,7 +32,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 StatusWritten = tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Any]]
 
 
+#: Brings a state that cannot prove itself current up to date some cheaper way than a
+#: rebuild (``binder.runtime.checkpoint.load``), or returns None.
+Loader = Callable[["ClusterState", str], Catchup | None]
+
+
 class ClusterState(MirrorState):
     """One worker's view of the mirror, with what its passes keep between them."""
 
@@ -65,6 +70,10 @@ class ClusterState(MirrorState):
         #: The token this worker's last pass recorded in its ``FeedReader`` row.
         self.reader_token = ""
         self._deadlines: list[datetime] | None = None
+        self._deadline_grace = 0
+        #: Pods by key and by owner set (see :meth:`_pod_index`); None: built when first needed.
+        self._pods_by_key: dict[SetKey, e.Pod] | None = None
+        self._pods_by_owner: dict[SetKey, dict[SetKey, e.Pod]] | None = None
         #: Sets a full pass may act on (not ``is_settled``); None: to be worked out again
         #: for every set (after a node or class changed).
         self._unsettled: set[SetKey] | None = None
@@ -81,7 +90,7 @@ class ClusterState(MirrorState):
 
     # -- bringing the state current (inside the pass's transaction and lock) -------------
 
-    def catch_up(self, kind: str = models.PassKind.FULL) -> Catchup:
+    def catch_up(self, kind: str = models.PassKind.FULL, load: Loader | None = None) -> Catchup:
         """Apply the feed entries not yet seen, or rebuild when the state cannot be proven current.
 
         Answer passes neither write usage records nor run the full rules, so what their
@@ -89,7 +98,7 @@ class ClusterState(MirrorState):
         """
         reason = self._not_provable()
         if reason:
-            catch = self.rebuild(reason)
+            catch = (load(self, reason) if load is not None else None) or self.rebuild(reason)
         else:
             skip, self.own_writes = self.own_writes, None
             catch = self.follow(skip)
@@ -101,6 +110,21 @@ class ClusterState(MirrorState):
         else:
             self.pending.absorb(catch)
         return catch
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        return {**super().checkpoint_payload(), "wanting": self.wanting, "unsettled": self._unsettled}
+
+    def restore_checkpoint(
+        self, payload: dict[str, Any], position: int, horizon: tuple[int, ...], mark: str, mark_at: int
+    ) -> None:
+        super().restore_checkpoint(payload, position, horizon, mark, mark_at)
+        self.wanting = payload["wanting"]
+        self._unsettled = payload["unsettled"]
+
+    def nothing_pending(self) -> bool:
+        """No answer pass found or wrote anything the next full pass must still act on."""
+        pending = self.pending
+        return not pending.since_rebuild and not pending.dirty_sets and not any(pending.changed.values())
 
     def _not_provable(self) -> str:
         if not self.valid:
@@ -127,13 +151,60 @@ class ClusterState(MirrorState):
 
     def _changed(self, kind: str) -> None:
         super()._changed(kind)
-        if kind == "Node":
-            self._deadlines = None
         if kind in ("GPUClass", "GPUBudget"):
             self.status_written = None  # a recreated row starts from the model's default
-        if kind in ("Node", "GPUClass"):
+        if kind == "GPUClass":
             self._unsettled = None
             self._classes = None
+
+    def _node_replaced(self, old: e.Node | None, new: e.Node | None) -> None:
+        """One node changed: only the sets Bound there can change settledness, and only
+        its own grace deadline moves (the ledger knows who is Bound where)."""
+        super()._node_replaced(old, new)
+        if self._deadlines is not None:
+            for node, sign in ((old, -1), (new, 1)):
+                if node is None or node.ready or not node.ready_since:
+                    continue
+                at = node.ready_since + timedelta(seconds=self._deadline_grace)
+                if sign > 0:
+                    bisect.insort(self._deadlines, at)
+                else:
+                    del self._deadlines[bisect.bisect_left(self._deadlines, at)]
+        if self._unsettled is None:
+            return
+        if self._ledger is None:
+            self._unsettled = None
+            return
+        names = {n.name for n in (old, new) if n is not None}
+        self._sets_changed(sorted({key for name in names for key in self._ledger.sets_on.get(name, ())}), ledger=False)
+
+    def _pod_index(self) -> tuple[dict[SetKey, dict[SetKey, e.Pod]], dict[SetKey, e.Pod]]:
+        """Pods by their owner hint's set and by (namespace, name): which pods a set's
+        change concerns, without a sweep of every pod (kept current pod by pod)."""
+        if self._pods_by_key is None or self._pods_by_owner is None:
+            self._pods_by_key, self._pods_by_owner = {}, {}
+            for pod in self.records["Pod"].values():
+                self._pod_replaced(None, pod)
+        return self._pods_by_owner, self._pods_by_key
+
+    def _pod_replaced(self, old: e.Pod | None, new: e.Pod | None) -> None:
+        by_key, by_owner = self._pods_by_key, self._pods_by_owner
+        if by_key is None or by_owner is None:
+            return
+        if old is not None:
+            key = (old.namespace, old.name)
+            if by_key.get(key) is old:
+                del by_key[key]
+            owned = by_owner.get((old.namespace, old.owner_vmi))
+            if owned is not None and owned.get(key) is old:
+                del owned[key]
+                if not owned:
+                    del by_owner[(old.namespace, old.owner_vmi)]
+        if new is not None:
+            key = (new.namespace, new.name)
+            by_key[key] = new
+            if new.owner_vmi:
+                by_owner.setdefault((new.namespace, new.owner_vmi), {})[key] = new
 
     def _sets_changed(self, keys: Iterable[SetKey], *, ledger: bool = True) -> None:
         """Bring what is kept per set current for ``keys``: who waits for an answer, who is
@@ -205,7 +276,8 @@ class ClusterState(MirrorState):
 
     def deadlines(self, grace_seconds: int) -> list[datetime]:
         """When each NotReady node passes its grace period, sorted (rebuilt when a node changes)."""
-        if self._deadlines is None:
+        if self._deadlines is None or self._deadline_grace != grace_seconds:
+            self._deadline_grace = grace_seconds
             grace = timedelta(seconds=grace_seconds)
             self._deadlines = sorted(
                 n.ready_since + grace for n in self.records["Node"].values() if not n.ready and n.ready_since
@@ -297,6 +369,9 @@ class ClusterState(MirrorState):
             "_tuples",
             "_ledger",
             "_deadlines",
+            "_deadline_grace",
+            "_pods_by_key",
+            "_pods_by_owner",
             "node_cache",
             "_unsettled",
             "_classes",
@@ -313,14 +388,15 @@ class ClusterState(MirrorState):
         devices the pass wrote or the feed changed, pods the feed changed, and the pods of
         every set whose devices or VMI changed (a launcher's raw usage is its requests minus
         what its set holds). A rebuilt state, or a class change, reconciles everything."""
-        if catch.view != "incremental" or catch.since_rebuild or catch.changed.get("GPUClass"):
+        if catch.view == "rebuilt" or catch.since_rebuild or catch.changed.get("GPUClass"):
             return Subjects(everything=True)
         written = {d.key: d for d in result.devices}
         device_keys = set(catch.changed.get("GPU", ())) | set(written)
         sets = set(catch.dirty_sets) | {d.set_key for d in result.devices}
         pod_keys = set(catch.changed.get("Pod", ()))
-        if sets:
-            pod_keys |= {(p.namespace, p.name) for p in self._tuple("Pod") if (p.namespace, p.owner_vmi) in sets}
+        by_owner, by_key = self._pod_index()
+        for key in sets:
+            pod_keys |= by_owner.get(key, {}).keys()
         if not device_keys and not pod_keys:
             return Subjects()
         devices = []
@@ -330,7 +406,7 @@ class ClusterState(MirrorState):
                 device = self.records["GPU"].get(self.device_ids[key])
             if device is not None:
                 devices.append(device)
-        pods = tuple(p for p in self._tuple("Pod") if (p.namespace, p.name) in pod_keys)
+        pods = tuple(by_key[k] for k in sorted(pod_keys) if k in by_key)
         owners = {(p.namespace, p.owner_vmi) for p in pods if p.owner_vmi}
         set_devices = tuple(written.get(d.key, d) for key in sorted(owners) for d in self.set_members(key))
         return Subjects(

@@ -329,6 +329,9 @@ GPUPLANE_FEED_RETENTION_SECONDS = env_int("GPUPLANE_FEED_RETENTION_SECONDS", 900
 #: feed after it instead of reading every row (binder.runtime.checkpoint). "false": every
 #: start reads everything.
 GPUPLANE_CHECKPOINTS = env_bool("GPUPLANE_CHECKPOINTS", True)
+#: Each web process builds its read model of the mirror in a thread as it starts, so
+#: ``/readyz`` turns 200 before the first call (off: built by the first call that needs it).
+GPUPLANE_READ_MODEL_AT_START = env_bool("GPUPLANE_READ_MODEL_AT_START", True)
 GPUPLANE_DEFAULT_BUDGET = env_choice("GPUPLANE_DEFAULT_BUDGET", "unlimited", ("unlimited", "deny"))
 #: Fault injection for the worker integration tests only: sleep this long inside every
 #: pass, holding the pass lock, between reading and writing. Never set it in production.

@@ -13,7 +13,9 @@ try:
 except ImproperlyConfigured as exc:  # a setting that does not parse: name and value, no traceback
     sys.exit(f"gpuplane: cannot start: {exc}")
 
-if os.environ.get("GPUPLANE_READ_MODEL_AT_START", "true").strip().lower() not in ("false", "0", "no"):
+from django.conf import settings
+
+if settings.GPUPLANE_READ_MODEL_AT_START:
     # Each web process (gunicorn and granian import this module in every worker) builds its
     # read model of the mirror now, in a thread, so /readyz turns 200 before the first call.
     from binder.runtime.readmodel import build_in_background

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
-from binder.engine.placement import refuses_new, try_order
+from binder.engine.fit import refuses_new
+from binder.engine.placement import try_order
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 

@@ -21,7 +21,7 @@ from datetime import datetime
 
 from binder.engine.accounting import Holding, Ledger, SetKey, effective_limits, ledger_for
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
-from binder.engine.placement import budget_refusal, refuses_new, requested_selector_mismatch
+from binder.engine.fit import budget_refusal, refuses_new, requested_selector_mismatch
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 #: Options ("would fit on X after …") listed per need: enough to act on, short to read.

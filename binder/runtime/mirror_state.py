@@ -6,7 +6,7 @@ change. :class:`MirrorState` is that copy, shared by the binder (``binder.runtim
 adds what a pass keeps) and the web processes' read model (``binder.runtime.readmodel``):
 the engine records of every mirrored row by kind and row id, the device ids, the members
 of each set, the :class:`~binder.engine.Ledger` of booked units, and the engine's
-:class:`~binder.engine.placement.NodeCache`. :meth:`MirrorState.follow` applies only the
+:class:`~binder.engine.fit.NodeCache`. :meth:`MirrorState.follow` applies only the
 feed entries (``binder.runtime.feed``) not seen yet, re-reading just those rows.
 Re-reading the *current* row makes applying an entry idempotent and order-free: an entry
 applied twice, or late, leaves the same record.

@@ -19,22 +19,48 @@ the binder and the catalog count (``refuses_new``).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
 
 from binder.engine import Holding, Ledger, ledger_for
 from binder.engine import types as e
-from binder.engine.explain import ClassGap, Explainer, Explanation, class_gaps
-from binder.engine.placement import refuses_new
+from binder.engine.explain import ClassGap, Explainer, Explanation
 from binder.reports.explanations import explanation_html
+from gpuplane.staff.board_rows import (
+    MEMO_SIZE,
+    SEVERITY,
+    SORTS,
+    Filters,
+    Row,
+    Strip,
+    _remembered,
+    _when,
+)
 from gpuplane.staff.palette import PALETTE, ranked_colours
+
+__all__ = [
+    "MAX_CELLS",
+    "MAX_LOST",
+    "MEMO_SIZE",
+    "PAGE_SIZE",
+    "SEVERITY",
+    "SORTS",
+    "Board",
+    "BoardFilterError",
+    "Filters",
+    "Legend",
+    "LostSetCells",
+    "Row",
+    "Strip",
+    "build_board",
+    "find_tenant",
+]
 
 #: Cells drawn per strip (one node's resource) and per Lost set; past it a count stands in
 #: for the rest. A node has at most a few dozen units of a GPU resource, but a pod may
@@ -42,14 +68,8 @@ from gpuplane.staff.palette import PALETTE, ranked_colours
 MAX_CELLS = 256
 #: Node rows per page.
 PAGE_SIZE = 100
-#: ``?sort=``: by node name, by free units (for new units), by state (the worst first).
 #: Lost sets drawn and explained on the board (all of them are on the Lost sets page).
 MAX_LOST = 20
-#: Summaries kept per snapshot (filter and order combinations) before the memo is emptied.
-MEMO_SIZE = 16
-SORTS = ("name", "-name", "free", "-free", "state", "-state")
-#: How bad a node state is, for ``sort=state`` (worst first) and "only problem nodes".
-SEVERITY = {"deleted": 5, "notready": 4, "overbooked": 3, "draining": 2, "cordoned": 1}
 
 
 def _more(units: int, what: str) -> str:
@@ -58,96 +78,6 @@ def _more(units: int, what: str) -> str:
 
 class BoardFilterError(ValueError):
     """A filter names something the cluster does not have (shown to staff, never a 500)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """What the board shows: a class (its resource), a tenant, only problem nodes, an
-    order, a page (0: the first, or the page of ``q``), and ``q``: a set (``ns/vm``) or a
-    node to highlight and jump to."""
-
-    class_name: str = ""
-    tenant: str = ""
-    problems: bool = False
-    sort: str = "name"
-    page: int = 0
-    q: str = ""
-
-    def query(self, **changes: object) -> str:
-        """This board's query string with ``changes`` (empty values left out)."""
-        values: dict[str, object] = {
-            "class": self.class_name,
-            "tenant": self.tenant,
-            "problems": "1" if self.problems else "",
-            "sort": "" if self.sort == "name" else self.sort,
-            "q": self.q,
-            "page": self.page or "",
-        }
-        values.update(changes)
-        return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
-
-
-@dataclass(slots=True)
-class Strip:
-    """One GPU resource of one node: a cell per unit (``max(allocatable, booked)`` cells)."""
-
-    resource: str
-    label: str
-    allocatable: int
-    booked: int
-    free: int
-    """Free for new units: 0 when the node takes none of the resource's classes now."""
-    held: list[Holding]
-    blocked: str = ""
-    """Why the node takes no new units of this resource ("" when it may)."""
-    cells: SafeString = SafeString("")
-
-    @property
-    def over_booked(self) -> bool:
-        return self.booked > self.allocatable
-
-    @property
-    def idle(self) -> int:
-        return max(0, self.allocatable - self.booked)
-
-
-@dataclass(slots=True)
-class Row:
-    """One node: its markers (cordoned, draining, NotReady, over-booked, deleted) and strips."""
-
-    node: str
-    markers: list[tuple[str, str]]
-    strips: list[Strip]
-    css: str = ""
-    href: str = ""
-
-    @property
-    def free(self) -> int:
-        return sum(s.free for s in self.strips)
-
-    @property
-    def severity(self) -> int:
-        return max((SEVERITY.get(css, 0) for css, _ in self.markers), default=0)
-
-    def html(self) -> str:
-        """The row as a table row (escaped here: a thousand rows through the template
-        engine cost more than building the whole board)."""
-        badges = "".join(f'<span class="badge {css}">{escape(text)}</span>' for css, text in self.markers)
-        strips = "".join(
-            f'<span class="strip{" over" if s.over_booked else ""}{" blocked" if s.blocked else ""}" '
-            f'data-resource="{escape(s.resource)}" '
-            f'title="{escape(s.resource)}: {s.allocatable} allocatable, {s.booked} booked, {s.free} free'
-            f'{escape(f" (none for new units: {s.blocked})") if s.blocked else ""}">'
-            f"<b>{escape(s.label)}</b>{s.cells}<small>{s.booked}/{s.allocatable}"
-            f"{f' · {s.free} free' if s.free else ''}</small></span>"
-            for s in self.strips
-        )
-        node = escape(self.node)
-        link = f'<a href="{escape(self.href)}">{node}</a>' if self.href else node
-        return (
-            f'<tr class="node {self.css}" data-node="{node}" data-free="{self.free}">'
-            f"<th>{link}</th><td>{badges}</td><td>{strips}</td></tr>"
-        )
 
 
 @dataclass(slots=True)
@@ -245,22 +175,6 @@ class Board:
 
 def _title(*lines: str) -> str:
     return escape("\n".join(line for line in lines if line), quote=True)
-
-
-def _when(moment: datetime | None) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else "-"
-
-
-def _sort_key(sort: str) -> Callable[[Row], tuple[object, ...]]:
-    """Rows by ``sort``: descending orders put the most free (the worst state) first, ties
-    by name either way."""
-    column, descending = sort.lstrip("-"), sort.startswith("-")
-    sign = -1 if descending else 1
-    if column == "free":
-        return lambda r: (sign * r.free, r.node)
-    if column == "state":
-        return lambda r: (sign * r.severity, r.node)
-    return lambda r: (r.node,)
 
 
 def find_tenant(wanted: str, tenants: list[str]) -> str:
@@ -387,138 +301,6 @@ def build_board(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Work:
-    """What a board's pages share for one snapshot, filter and order: every matching row
-    summed and sorted, and the Lost and Pending sets explained."""
-
-    rows: list[Row]
-    totals: dict[str, list[int]]
-    units_by_tenant: Counter[str]
-    node_count: int
-    lost_sets: dict[tuple[str, str], list[e.Device]]
-    explainer: Explainer
-    pending: list[Explanation]
-    pending_devices: int
-    gaps: list[ClassGap]
-
-
-def _remembered(
-    memo: dict[object, Any] | None,
-    cluster: e.Cluster,
-    ledger: Ledger,
-    holdings: Mapping[str, list[Holding]],
-    filters: Filters,
-    wanted: str,
-) -> _Work:
-    key = ("board", filters.class_name, wanted, filters.problems, filters.sort)
-    work = memo.get(key) if memo is not None else None
-    if work is None:
-        work = _summarise(cluster, ledger, holdings, filters, wanted)
-        if memo is not None:
-            if len(memo) >= MEMO_SIZE:
-                memo.clear()
-            memo[key] = work
-    assert isinstance(work, _Work)  # noqa: S101 - only _Work is stored under a board key
-    return work
-
-
-def _summarise(
-    cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
-) -> _Work:
-    rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, holdings, filters, wanted)
-    rows.sort(key=_sort_key(filters.sort), reverse=filters.sort == "-name")
-    explainer = Explainer(cluster, ledger, holdings)
-    lost_sets = _lost_devices(cluster, filters)
-    pending = [
-        why
-        for key in sorted({d.set_key for d in cluster.devices if d.phase is e.Phase.PENDING})
-        if (not wanted or key[0] == wanted)
-        and (not filters.class_name or any(d.class_name == filters.class_name for d in ledger.devices(key)))
-        and (why := explainer.explain(key)).phase is e.Phase.PENDING
-    ]
-    return _Work(
-        rows=rows,
-        totals=totals,
-        units_by_tenant=units_by_tenant,
-        node_count=node_count,
-        lost_sets=lost_sets,
-        explainer=explainer,
-        pending=pending,
-        pending_devices=sum(1 for d in cluster.devices if d.phase is e.Phase.PENDING),
-        gaps=class_gaps(cluster, ledger),
-    )
-
-
-def _rows(
-    cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
-) -> tuple[list[Row], dict[str, list[int]], Counter[str], int]:
-    """Every matching node's row (no cells yet), the totals per resource, the units per
-    tenant on them, and how many nodes the board has in all."""
-    classes = {c.name: c for c in cluster.classes}
-    nodes = {n.name: n for n in cluster.nodes}
-    only_resource = classes[filters.class_name].resource_name if filters.class_name else ""
-    class_resources: dict[str, list[str]] = defaultdict(list)
-    for cls in sorted(classes.values(), key=lambda c: c.name):
-        class_resources[cls.resource_name].append(cls.name)
-
-    rows: list[Row] = []
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    units_by_tenant: Counter[str] = Counter()
-    node_names = sorted(set(nodes) | {n for n, booked in ledger.booked.items() if n and any(booked.values())})
-    for name in node_names:
-        node = nodes.get(name)
-        allocatable = node.allocatable if node else {}
-        booked: Mapping[str, int] = ledger.booked.get(name, {})
-        resources = {r for r in allocatable if r in class_resources and allocatable[r] > 0}
-        resources |= {r for r, units in booked.items() if units > 0}
-        if only_resource:
-            resources &= {only_resource}
-        held = [h for h in holdings.get(name, ()) if h.resource in resources]
-        if not resources or (wanted and wanted not in {_holder(h).namespace for h in held}):
-            continue
-        strips = []
-        for resource in sorted(resources):
-            alloc, used = allocatable.get(resource, 0), booked.get(resource, 0)
-            blocked = _blocked(node, [classes[c] for c in class_resources.get(resource, ())])
-            strips.append(
-                Strip(
-                    resource=resource,
-                    label=", ".join(class_resources.get(resource, ())) or resource.rsplit("/", 1)[-1],
-                    allocatable=alloc,
-                    booked=used,
-                    free=0 if blocked else max(0, alloc - used),
-                    held=[h for h in held if h.resource == resource],
-                    blocked=blocked,
-                )
-            )
-        markers = _markers(node, strips)
-        if filters.problems and not markers:
-            continue
-        for strip in strips:
-            total = totals[strip.resource]
-            total[0] += strip.allocatable
-            total[1] += strip.booked
-            total[2] += strip.free
-        for holding in held:
-            namespace = _holder(holding).namespace
-            if not wanted or namespace == wanted:
-                units_by_tenant[namespace] += holding.units
-        rows.append(Row(name, markers, strips, " ".join(m for m, _ in markers)))
-
-    return rows, totals, units_by_tenant, len(node_names)
-
-
-def _blocked(node: e.Node | None, classes: list[e.GpuClass]) -> str:
-    """Why ``node`` takes no new units of any of ``classes`` ("" when one of them may go there)."""
-    if node is None:
-        return "deleted"
-    if not classes:
-        return "no class uses this resource"
-    reasons = [refuses_new(node, (cls,)) for cls in classes]
-    return "" if any(r is None for r in reasons) else str(reasons[0])
-
-
 def _find(
     q: str,
     rows: list[Row],
@@ -549,29 +331,6 @@ def _find(
         if where:
             return f"set {q} is Bound on {', '.join(where)}, which the filters hide", None
     return f"no node or set {q!r} on this board (a set is namespace/VM)", None
-
-
-def _holder(holding: Holding) -> e.Device | e.Pod:
-    holder = holding.device or holding.pod
-    assert holder is not None  # noqa: S101 - a Holding always names its device or pod
-    return holder
-
-
-def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:
-    """The node's state marks: deleted, NotReady, cordoned, draining, over-booked."""
-    markers: list[tuple[str, str]] = []
-    if node is None:
-        markers.append(("deleted", "deleted (not in the mirror)"))
-    else:
-        if not node.ready:
-            markers.append(("notready", f"NotReady since {_when(node.ready_since)}"))
-        if node.unschedulable:
-            markers.append(("cordoned", "cordoned"))
-        if node.draining:
-            markers.append(("draining", "draining"))
-    if any(s.over_booked for s in strips):
-        markers.append(("overbooked", "over-booked"))
-    return markers
 
 
 @dataclass
@@ -644,19 +403,6 @@ class _Cells:
         href = escape(f"{self.pod_url}?q={pod.name}", quote=True)
         data_set = f' data-set="{escape(f"{launcher.namespace}/{launcher.name}", quote=True)}"' if launcher else ""
         return f"p {self.tenant_css(pod.namespace)}", f'href="{href}"{data_set} title="{title}"'
-
-
-def _lost_devices(cluster: e.Cluster, filters: Filters) -> dict[tuple[str, str], list[e.Device]]:
-    sets: dict[tuple[str, str], list[e.Device]] = defaultdict(list)
-    for device in cluster.devices:
-        if device.phase is e.Phase.LOST:
-            sets[device.set_key].append(device)
-    return {
-        key: sorted(devices, key=lambda d: d.name)
-        for key, devices in sorted(sets.items())
-        if (not filters.tenant or key[0] == filters.tenant)
-        and (not filters.class_name or any(d.class_name == filters.class_name for d in devices))
-    }
 
 
 def _lost_sets(

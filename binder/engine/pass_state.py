@@ -1,0 +1,375 @@
+"""The working state of one pass: what it reads, how it chooses a node, how it changes sets.
+
+:class:`PassState` holds the cluster as the pass found it and the ledger it moves sets
+in; the steps (``binder.engine.placement``) and the handling of sets that accept several
+classes (``binder.engine.choosing``) are built on it. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+
+from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, ledger_for
+from binder.engine.fit import (
+    NodeCache,
+    _budget_refusal,
+    _labels,
+    refuses_new,
+    requested_selector,
+    requested_selector_mismatch,
+    selector_mismatch,
+    untolerated_taint,
+)
+from binder.engine.types import (
+    Budget,
+    Change,
+    ClassStatus,
+    Cluster,
+    Device,
+    GpuClass,
+    Outcome,
+    PassResult,
+    Phase,
+)
+
+REASON_BOUND = "bound: fullest node with room"
+
+
+class PassState:
+    """The mutable working state of one pass."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ledger: Ledger | None = None,
+        cache: NodeCache | None = None,
+        scope: Iterable[SetKey] | None = None,
+    ) -> None:
+        self.now = cluster.now
+        self.settings = cluster.settings
+        self.classes: dict[str, GpuClass] = {c.name: c for c in cluster.classes}
+        self.cache = cache if cache is not None else NodeCache()
+        self.cache.classes = self.classes
+        self.nodes, self.node_names = self.cache.index(cluster.nodes)
+        #: Each changed set's members as the pass found them, taken at its first change.
+        self._before: dict[SetKey, tuple[Device, ...]] = {}
+        self.budgets = cluster.budgets
+        self.ledger = ledger if ledger is not None else ledger_for(cluster)
+        self._set_keys = sorted(set(scope) if scope is not None else {d.set_key for d in cluster.devices})
+        self._in_scope = set(self._set_keys)
+        by_ns: dict[str, list[Budget]] = defaultdict(list)
+        for budget in cluster.budgets:
+            by_ns[budget.namespace].append(budget)
+        self._budgets_by_ns = by_ns
+        self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
+        #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
+        self._lost_now: set[SetKey] = set()
+        #: Sets this pass could not place (counted once, however many sweeps tried them).
+        self.refused: set[SetKey] = set()
+        self.answered: list[tuple[str, str]] = []
+        #: Set when a growing set moved whole this sweep, freeing its old node's units.
+        self.room_freed = False
+
+    # -- reading -------------------------------------------------------------------------
+
+    def set_keys(self) -> list[SetKey]:
+        return list(self._set_keys)
+
+    def members(self, key: SetKey) -> tuple[Device, ...]:
+        return self.ledger.devices(key)
+
+    def limits(self, namespace: str) -> Limits:
+        return effective_limits(self._budgets_by_ns.get(namespace, ()), self.settings.default_budget)
+
+    def units(self, devices: Iterable[Device]) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for device in devices:
+            cls = self.classes.get(device.class_name)
+            if cls is not None:
+                total[cls.resource_name] += cls.units_per_device
+        return total
+
+    def _classes_of(self, devices: Iterable[Device]) -> list[GpuClass]:
+        return [self.classes[name] for name in sorted({d.class_name for d in devices}) if name in self.classes]
+
+    def _selector_mismatch(self, node_name: str, devices: Iterable[Device]) -> str | None:
+        return selector_mismatch(self.nodes[node_name], self._classes_of(devices))
+
+    def not_ready_past_grace(self, node_name: str) -> bool:
+        node = self.nodes[node_name]
+        if node.ready:
+            return False
+        if node.ready_since is None:
+            return True
+        return (self.now - node.ready_since).total_seconds() > self.settings.node_grace_seconds
+
+    def cannot_keep(self, node_name: str, devices: Sequence[Device]) -> str | None:
+        """Why ``node_name`` cannot keep the held set ``devices`` (step 2), or None."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return f"node {node_name} was deleted"
+        if self.not_ready_past_grace(node_name):
+            since = _rfc3339(node.ready_since) if node.ready_since else "an unknown time"
+            return (
+                f"node {node_name} has been NotReady since {since}, "
+                f"longer than the {self.settings.node_grace_seconds}s grace period"
+            )
+        if node.draining:
+            return f"node {node_name} is labelled gpuplane.io/drain=true"
+        mismatch = self._selector_mismatch(node_name, devices)
+        if mismatch:
+            return f"node {node_name} no longer matches: {mismatch}"
+        return None
+
+    def taint_note(self, devices: Sequence[Device]) -> str:
+        """A note for a refusal: the nodes kept out by a taint the classes do not tolerate,
+        so "no node has room" does not hide the one setting an operator can change."""
+        selector = requested_selector(devices)
+        wanted = f" with the VMI's nodeSelector {_labels(selector)}" if selector else ""
+        classes = self._classes_of(devices)
+        cache_key = frozenset(c.name for c in classes)
+        tainted = self.cache.tainted.get(cache_key)
+        if tainted is None:
+            tainted = tuple((n, why) for n in self.node_names if (why := untolerated_taint(self.nodes[n], classes)))
+            self.cache.tainted[cache_key] = tainted
+        if not tainted:
+            return wanted
+        first, why = tainted[0]
+        more = f" and {len(tainted) - 1} more" if len(tainted) > 1 else ""
+        return f"{wanted} (not tolerated: {first}{more}; {why})"
+
+    def cannot_take(self, node_name: str, devices: Sequence[Device]) -> str | None:
+        """Why ``node_name`` takes nothing new for ``devices``, or None."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return "deleted"
+        return refuses_new(node, self._classes_of(devices)) or requested_selector_mismatch(node, devices)
+
+    # -- choosing a node -----------------------------------------------------------------
+
+    def fit(self, key: SetKey, candidate: tuple[Device, ...], node: str) -> int | None:
+        """Free units left on ``node`` for the set's resources if ``candidate`` were current.
+
+        None when any of those resources would be over-booked.
+        """
+        delta = self.ledger.delta(key, candidate)
+        left = 0
+        for resource in self.units(d for d in candidate if d.node == node):
+            after = self.ledger.free(node, resource) - delta.booked[(node, resource)]
+            if after < 0:
+                return None
+            left += after
+        return left
+
+    def best_node(  # noqa: C901 - binding new orders: each node condition is one branch
+        self,
+        key: SetKey,
+        placed_on: Callable[[str], tuple[Device, ...]],
+        moving: Sequence[Device],
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> str | None:
+        """The fullest node with room for ``moving``, or None.
+
+        ``placed_on(n)`` gives the set's devices as they would be with ``moving`` Bound on
+        n. ``prefer`` ranks nodes first by units of the set they already hold (step 1).
+        """
+        skip = set(exclude)
+        need = self.units(moving)
+        if not need:
+            return None
+        # Nodes where the set's own units or its launcher pods already sit need the full
+        # delta (the pods' raw booking shrinks as devices arrive); everywhere else the set
+        # simply adds its units, and free units must cover them.
+        special = {d.node for d in self.members(key) if d.phase is Phase.BOUND}
+        special |= {p.node for p, _ in self.ledger.launcher_pods.get(key, ())}
+        prefer = prefer or Counter()
+        eligible = self.eligible_nodes(moving)
+        best: tuple[int, int, str] | None = None
+
+        def consider(name: str, left: int | None) -> None:
+            nonlocal best
+            if left is None:
+                return
+            rank = (-prefer[name], left, name)
+            if best is None or rank < best:
+                best = rank
+
+        for name in sorted(special):
+            if name in eligible and name not in skip:
+                consider(name, self.fit(key, placed_on(name), name))
+        if len(need) == 1:
+            # One resource: the fullest node with room is the first eligible node in the
+            # free-units index (fewest free first, then by name).
+            ((resource, units),) = need.items()
+            for name in self.ledger.fullest_with_room(resource, units):
+                if name in eligible and name not in skip and name not in special:
+                    consider(name, self.ledger.free(name, resource) - units)
+                    break
+        else:
+            # Several resources: only nodes with room for each can take the set. Walk the
+            # smallest of the per-resource "room" lists (from the free-units index) and
+            # rank each candidate as the plain scan would (fewest free left, then name).
+            free = self.ledger.free
+            fewest = min(need, key=lambda r: (self.ledger.room_count(r, need[r]), r))
+            for name in self.ledger.fullest_with_room(fewest, need[fewest]):
+                if name not in eligible or name in skip or name in special:
+                    continue
+                left: int | None = 0
+                for resource, units in need.items():
+                    after = free(name, resource) - units
+                    if after < 0:
+                        left = None
+                        break
+                    left = (left or 0) + after
+                consider(name, left)
+        return best[2] if best else None
+
+    def eligible_nodes(self, devices: Sequence[Device]) -> set[str]:
+        """Nodes that may take new units of ``devices``' classes (cached: readiness,
+        cordons, labels and taints do not change within a pass, and the cache follows a
+        changed node), and of an unanswered bind request's nodeSelector."""
+        classes = frozenset(d.class_name for d in devices)
+        return self.cache.eligible_for((classes, frozenset(requested_selector(devices).items())), self.classes)
+
+    def budget_refusal(self, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
+        """Why making ``candidate`` current would push the tenant over a budget, or None
+        (each device as the class it is booked as: the pass tries choices itself)."""
+        return _budget_refusal(self.ledger, self.limits(key[0]), key, candidate)
+
+    # -- changing ------------------------------------------------------------------------
+
+    def _moved(self, device: Device, phase: Phase, node: str, reason: str, held_as: str = "") -> Device:
+        held_as = held_as or device.class_name
+        if (device.phase, device.node, device.reason, device.class_name) == (phase, node, reason, held_as):
+            return device
+        changed = (device.phase, device.node) != (phase, node)
+        return dataclasses.replace(
+            device,
+            class_name=held_as,
+            phase=phase,
+            node=node,
+            reason=reason,
+            since=self.now if changed else device.since,
+        )
+
+    def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
+        if key not in self._before:
+            self._before[key] = self.ledger.devices(key)
+        if key not in self._in_scope:
+            # A settled set outside the scope that relieving a node moved: the later
+            # steps visit it as a pass over every set would (it may now be Lost).
+            self._in_scope.add(key)
+            bisect.insort(self._set_keys, key)
+        self.ledger.commit(key, tuple(sorted(devices, key=lambda d: d.key)))
+
+    def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
+        """Set ``reason`` on the named members without moving anything."""
+        chosen = set(names)
+        members = self.members(key)
+        if all(d.reason == reason for d in members if d.name in chosen):
+            return
+        self.apply(key, (dataclasses.replace(d, reason=reason) if d.name in chosen else d for d in members))
+
+    @staticmethod
+    def _bound_on(devices: Iterable[Device], node: str, names: set[str]) -> tuple[Device, ...]:
+        return tuple(dataclasses.replace(d, phase=Phase.BOUND, node=node) if d.name in names else d for d in devices)
+
+    def place(
+        self,
+        key: SetKey,
+        moving: Sequence[Device],
+        *,
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> str | None:
+        """Find the node for ``moving`` (members of ``key``); None if no node has room."""
+        members = self.members(key)
+        names = {d.name for d in moving}
+        return self.best_node(key, lambda n: self._bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
+
+    def settle(
+        self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str, held_as: str = ""
+    ) -> None:
+        """Move the ``moving`` members to ``phase`` on ``node``; ``held_as``, when given,
+        is the class they are held as from now on (one of their choices)."""
+        if phase is Phase.BOUND:
+            self.refused.discard(key)
+        names = {d.name for d in moving}
+        self.apply(
+            key, (self._moved(d, phase, node, reason, held_as) if d.name in names else d for d in self.members(key))
+        )
+
+    # -- result --------------------------------------------------------------------------
+
+    def result(self, *, with_status: bool = True) -> PassResult:
+        devices: list[Device] = []
+        changes: list[Change] = []
+        for key in sorted(self._before):
+            original = {d.key: d for d in self._before[key]}
+            for device in self.members(key):
+                before = original[device.key]
+                if device is before:
+                    continue
+                if (before.phase, before.node) == (device.phase, device.node):
+                    if device.since != before.since:
+                        device = dataclasses.replace(device, since=before.since)
+                else:
+                    changes.append(
+                        Change(
+                            namespace=device.namespace,
+                            name=device.name,
+                            vm_name=device.vm_name,
+                            from_phase=before.phase,
+                            from_node=before.node,
+                            to_phase=device.phase,
+                            to_node=device.node,
+                            reason=device.reason,
+                        )
+                    )
+                if device != before:
+                    devices.append(device)
+        class_status: dict[str, ClassStatus] = {}
+        budget_used: dict[tuple[str, str], dict[str, int]] = {}
+        if with_status:
+            class_status = self.class_status()
+            for budget in sorted(self.budgets, key=lambda b: (b.namespace, b.name)):
+                used = self.ledger.used.get(budget.namespace, Counter())
+                budget_used[(budget.namespace, budget.name)] = {k: used[k] for k in sorted(budget.limits)}
+        self.counts[Outcome.REFUSED] = len(self.refused)
+        return PassResult(
+            devices=tuple(devices),
+            changes=tuple(changes),
+            counts=dict(self.counts),
+            class_status=class_status,
+            budget_used=budget_used,
+            answered=tuple(self.answered),
+        )
+
+    def class_status(self) -> dict[str, ClassStatus]:
+        """Each class's allocatable, Bound and Lost units: counts the ledger keeps as sets
+        change, and allocatable from the node cache (it reads nodes and classes only)."""
+        bound = self.ledger.class_held[Phase.BOUND]
+        lost = self.ledger.class_held[Phase.LOST]
+        if self.cache.allocatable is None:
+            self.cache.allocatable = {
+                name: sum(
+                    node.allocatable.get(cls.resource_name, 0)
+                    for node in self.nodes.values()
+                    if all(node.labels.get(k) == v for k, v in cls.node_selector.items())
+                )
+                for name, cls in self.classes.items()
+            }
+        allocatable = self.cache.allocatable
+        return {
+            name: ClassStatus(allocatable=allocatable.get(name, 0), bound=bound[name], lost=lost[name])
+            for name in sorted(self.classes)
+        }
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -1,4 +1,5 @@
-"""The cluster mirror: the objects of SPEC §1 as database rows, plus the pass history.
+"""The cluster mirror: namespaces, nodes, pods, VMIs, GPU classes, GPUs and budgets as
+database rows, plus the pass history.
 
 In standalone mode these rows are the source of truth; in cluster mode they mirror
 the API server so the admin, the catalog and the usage API can answer without calling
@@ -59,7 +60,7 @@ class Node(models.Model):
 
     ``allocatable`` keeps only extended resources (name with a ``/``), as integers.
     ``ready_since`` is the Ready condition's lastTransitionTime: with ``ready`` False it
-    is when the node went NotReady, which starts the grace period of SPEC §4 step 2.
+    is when the node went NotReady, which starts the grace period after which its sets move.
     """
 
     name = models.CharField(max_length=253, unique=True)
@@ -229,8 +230,8 @@ class GpuBudget(models.Model):
 class VirtualMachineInstance(models.Model):
     """A KubeVirt VMI: the devices it names and, in ``active_pods``, its real launchers.
 
-    ``active_pods`` (pod UID -> node) is the only proof that a pod is this VMI's launcher
-    (SPEC §2); it is written by virt-controller, not by whoever creates the pod.
+    ``active_pods`` (pod UID -> node) is the only proof that a pod is this VMI's launcher;
+    it is written by virt-controller, not by whoever creates the pod.
     """
 
     NAMESPACE_LOOKUP = "namespace__name"
@@ -450,7 +451,7 @@ class SyncStatus(models.Model):
 
 
 class FinalizerRelease(models.Model):
-    """Cluster mode: a GPU or GPUClass being deleted that still carries gpuplane's finalizer (SPEC §6).
+    """Cluster mode: a GPU or GPUClass being deleted that still carries gpuplane's finalizer.
 
     The mirror drops an object's row once it is being deleted (its units count as gone),
     so the sync notes the object here, in the same transaction: the next full pass sees
@@ -484,7 +485,7 @@ class ChangeOp(models.TextChoices):
 
 
 class Change(models.Model):
-    """One entry of the change feed (SPEC §4 Freshness): a mirrored row was inserted,
+    """One entry of the change feed: a mirrored row was inserted,
     updated or deleted.
 
     Written by database triggers (migration 0005) in the writer's own transaction, so no
@@ -521,7 +522,7 @@ class Change(models.Model):
 
 class FeedReader(models.Model):
     """Where each pass worker has read the change feed up to, so pruning keeps what any
-    live worker still needs (SPEC §4 Freshness).
+    live worker still needs.
 
     Workers take turns (two binder replicas share one queue); each follows the other's
     passes through the feed instead of reading everything again, which is sound only if

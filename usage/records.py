@@ -1,4 +1,4 @@
-"""Write usage records at the end of every full pass (SPEC §7), never in an answer pass.
+"""Write usage records at the end of every full pass, never in an answer pass.
 
 The engine (``binder.engine.usage``) says what is held after the pass and which open
 records to close and which to open; this module reads the open records, supplies the
@@ -68,7 +68,7 @@ class UsageWrite:
 def fresh_vmis(pods: Iterable[e.Pod]) -> dict[tuple[str, str], e.Vmi]:
     """Read, fresh, only the VMIs named by the owner hints of pods requesting a raw GPU.
 
-    SPEC §2: usage records and the tenant usage API read the VMI a pod's owner hint
+    Usage records and the tenant usage API read the VMI a pod's owner hint
     names at the time they need it, not from a snapshot taken earlier, and only for
     pods that request a raw GPU resource. In standalone mode the database is the
     cluster, so this is one query for all the named VMIs (in the caller's transaction).
@@ -213,7 +213,7 @@ def record_usage(
     """Close and open records so that exactly the current holdings are open (at ``now``).
 
     With ``subjects`` (the worker knows what changed since its last pass) only their
-    records are read and reconciled: the others cannot have changed (issue 14). Without
+    records are read and reconciled: the others cannot have changed. Without
     them, or when they ask for everything, every open record is compared.
     """
     if subjects is not None and not subjects.everything:

@@ -1,1 +1,1 @@
-"""The VMI admission webhook (SPEC §5); the endpoint arrives with issue 4."""
+"""The VMI admission webhook: parse the review, decide, pin the VMI or ask the binder and wait."""

@@ -1,4 +1,4 @@
-"""The webhooks app: admission decisions for KubeVirt VMIs (SPEC §5)."""
+"""The webhooks app: admission decisions for KubeVirt VMIs."""
 
 from django.apps import AppConfig
 

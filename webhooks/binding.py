@@ -1,4 +1,4 @@
-"""Bind and wait: the webhook's on-demand bind (SPEC §5 step 4) and its reads of the mirror.
+"""Bind and wait: the webhook's on-demand bind and its reads of the mirror.
 
 When the set is not placed yet the webhook asks the binder:
 
@@ -261,8 +261,8 @@ def annotate_in_cluster(
     review: Review, names: tuple[str, ...], request_id: str, annotated: list[dict[str, Any]]
 ) -> Verdict | None:
     """Cluster mode: the bind request is the ``gpuplane.io/bind-request`` annotation on
-    each GPU object (SPEC §1), with the VMI's nodeSelector beside it as
-    ``gpuplane.io/bind-node-selector`` (SPEC §5 step 4); the objects the API server
+    each GPU object, with the VMI's nodeSelector beside it as
+    ``gpuplane.io/bind-node-selector``; the objects the API server
     returned go to ``annotated`` (the caller mirrors them)."""
     api = apiserver.api()
     for name in names:

@@ -1,4 +1,4 @@
-"""Who may call the VMI webhook (SPEC §5): the kube-apiserver, and nobody else.
+"""Who may call the VMI webhook: the kube-apiserver, and nobody else.
 
 A review names devices, and the answer or the denial says which VM a device belongs to,
 the set's missing members, the tenant's budget and a Bound set's node; a call for a

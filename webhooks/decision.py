@@ -163,8 +163,8 @@ def scheduling_conflict(scheduling: Scheduling, node: Node | None, node_name: st
 # -- deciding ------------------------------------------------------------------------------
 
 
-def decide(review: Mapping[str, Any] | Review, view: MirrorView) -> Verdict:  # noqa: C901 - SPEC §5 steps 1-3 in order
-    """Decide a VMI CREATE from the review and the mirror (SPEC §5 steps 1-3).
+def decide(review: Mapping[str, Any] | Review, view: MirrorView) -> Verdict:  # noqa: C901 - the admission steps, in order
+    """Decide a VMI CREATE from the review and the mirror.
 
     A VMI naming no gpuplane.io devices (or any operation but CREATE, which is all the
     webhook is registered for) is allowed untouched without reading ``view``; the view
@@ -233,7 +233,7 @@ def decide(review: Mapping[str, Any] | Review, view: MirrorView) -> Verdict:  # 
 
 def advisory_budget_refusal(view: MirrorView, key: tuple[str, str], members: Sequence[Device]) -> str | None:
     """The binder's budget sentence if placing the set's Pending members would exceed a
-    budget of its tenant, else None (SPEC §5 step 2).
+    budget of its tenant, else None.
 
     Uses the engine's ledger over the namespace's devices, pods and VMIs (the shared
     launcher reader decides which pods are launchers) and its ``budget_refusal``; Bound

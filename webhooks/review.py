@@ -55,7 +55,7 @@ class Named:
 @dataclass(frozen=True, slots=True)
 class Scheduling:
     """Where the VMI itself says it may run: checked against the node holding its GPUs,
-    so a pin never silently overrides the user's own constraints (SPEC §5 step 3).
+    so a pin never silently overrides the user's own constraints.
 
     ``required`` is None when the VMI has no required node affinity (an empty tuple would
     be a required affinity with no terms, which no node satisfies).

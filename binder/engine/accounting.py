@@ -1,4 +1,4 @@
-"""Accounting (SPEC §3): tenant usage per key, node booked units, effective limits.
+"""Accounting: tenant usage per key, node booked units, effective limits.
 
 One ledger serves the binder (which updates it as it moves sets within a pass) and
 every read-only consumer (``dump_state``, the catalog, the admin), so "how much does
@@ -118,7 +118,7 @@ class Ledger:
         self.plain_pods: list[tuple[Pod, Mapping[str, int]]] = []
         self._contrib: dict[SetKey, Contribution] = {}
         self._devices: dict[SetKey, tuple[Device, ...]] = {}
-        #: Units of each class held Bound and Lost (a class's status, SPEC §1), kept current
+        #: Units of each class held Bound and Lost (a class's status), kept current
         #: so a pass that touched a few sets need not count every device.
         self.class_held: dict[Phase, Counter[str]] = {Phase.BOUND: Counter(), Phase.LOST: Counter()}
         #: Node -> the sets with a Bound device there: who an over-booked node can evict.

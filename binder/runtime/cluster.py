@@ -19,9 +19,9 @@ standalone mode, from the worker's in-memory state brought current from the chan
    the pass GET that one object and mirror it, so the next pass decides from the object
    as it is; any other failure leaves the object as it was. Only the writes that landed
    reach the mirror, the decision log and the usage records; the next pass restores a
-   half-written set (SPEC §4 step 1). Class and budget status go the same way, compared
+   half-written set. Class and budget status go the same way, compared
    with what their rows hold.
-2. **Release finalizers** (SPEC §6) once the full pass that released a deleted object's
+2. **Release finalizers** once the full pass that released a deleted object's
    units has committed its usage records. The sync notes each GPU and GPUClass it sees
    being deleted with gpuplane's finalizer (``FinalizerRelease``) in the transaction that
    drops its row; a full pass reads the notes before its catch-up (:func:`releases_due`),
@@ -55,7 +55,7 @@ _CHUNK = 1000
 
 
 def device_status(device: e.Device) -> dict[str, Any]:
-    """A device's ``status`` as the CRD spells it (SPEC §1)."""
+    """A device's ``status`` as the CRD spells it."""
     return {
         "phase": device.phase.value,
         "node": device.node or None,
@@ -224,7 +224,7 @@ def _write_class_and_budget_status(
     return classes, budgets, class_writes.failed + budget_writes.failed
 
 
-# -- finalizers (SPEC §6) ---------------------------------------------------------------------
+# -- finalizers ---------------------------------------------------------------------
 
 
 def releases_due() -> list[models.FinalizerRelease]:

@@ -1,7 +1,7 @@
 """The mirror held in memory as engine records, brought current from the change feed.
 
-SPEC §4 and §5 (Freshness) let a process keep the cluster in memory between decisions
-when each decision first brings it up to date from a change feed that cannot miss a
+The freshness rules of the binder and the webhook let a process keep the cluster in memory
+between decisions when each decision first brings it up to date from a change feed that cannot miss a
 change. :class:`MirrorState` is that copy, shared by the binder (``binder.runtime.state``
 adds what a pass keeps) and the web processes' read model (``binder.runtime.readmodel``):
 the engine records of every mirrored row by kind and row id, the device ids, the members

@@ -60,7 +60,7 @@ def run_pass(
     """Run one pass of ``kind`` (``full`` or ``answer``) and return its record.
 
     ``state`` is the worker's in-memory view (default: this process's); any failure drops
-    it, so the next pass reads everything again (SPEC §4 Freshness). ``triggered_by`` is
+    it, so the next pass reads everything again. ``triggered_by`` is
     kept on the record for the audit trail ("direct": called in-process, not queued).
     """
     state = state if state is not None else STATE
@@ -83,12 +83,12 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         # (binder.runtime.cluster), so the catch-up applies every deletion noted here.
         releasing = cluster.releases_due() if apiserver.cluster_mode() and kind == models.PassKind.FULL else []
         # Cluster mode too: the sync keeps the mirror current and the feed brings this
-        # state current; the pass's own writes are mirrored by write_status (SPEC §4).
+        # state current; the pass's own writes are mirrored by write_status.
         catch = state.catch_up(kind, load=checkpoint.load)
         run.view, run.rows_read, run.feed_position = catch.view, catch.rows_read, state.position
         run.dirty_sets = len(catch.dirty_sets)
         # What the pass saw: the whole state for a full pass (the usage step reads its
-        # classes and pods), only the requested sets for an answer pass (SPEC §4).
+        # classes and pods), only the requested sets for an answer pass.
         snapshot, ids = _view(kind, state, now, options), state.device_ids
         result, ledger_used, unchanged = _decide(kind, state, catch, snapshot)
         if unchanged:
@@ -109,7 +109,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
             result, run.writes_failed = cluster.write_status(result, state)
         own_writes = _write_own(run, result, ids, state)
         if kind == models.PassKind.FULL:
-            # Full passes only (SPEC §4 step 6), and with the feature off too: deleted
+            # Full passes only, and with the feature off too: deleted
             # devices and classes always get their usage records closed.
             subjects = state.usage_subjects(catch, result)
             if subjects.everything:
@@ -217,7 +217,7 @@ def _verification_due(state: ClusterState) -> bool:
 def _verify(
     kind: str, state: ClusterState, now: datetime, options: e.Settings, mine: PassResult
 ) -> tuple[PassResult, bool, int]:
-    """Rebuild the view from scratch, run the pass again on it and compare (SPEC §4).
+    """Rebuild the view from scratch, run the pass again on it and compare.
 
     Differences are logged with the objects and counted on the PassRun (the metric
     ``gpuplane_verify_mismatches_total`` sums them); the pass goes on with the rebuilt

@@ -1,6 +1,6 @@
 """The binder worker's cluster: the in-memory mirror plus what its passes keep between them.
 
-SPEC §4 (Freshness): a pass decides from a view holding every change committed before it
+Freshness: a pass decides from a view holding every change committed before it
 took the cluster-wide turn, without re-reading the whole mirror. The records, the ledger
 and the feed cursor are :class:`~binder.runtime.mirror_state.MirrorState` (shared with the
 web processes' read model); the feed's rules are in ``binder.runtime.feed``. This module
@@ -239,7 +239,7 @@ class ClusterState(MirrorState):
         return self._unsettled | (catch.dirty_sets & self.members.keys())
 
     def requested(self, now: datetime, settings: e.Settings) -> e.Cluster:
-        """What an answer pass reads (SPEC §4): the requested sets whole, their tenants'
+        """What an answer pass reads: the requested sets whole, their tenants'
         budgets, every node and class; booked units and usage come from :meth:`ledger`."""
         keys = sorted(self.wanting)
         namespaces = {ns for ns, _ in keys}
@@ -384,7 +384,7 @@ class ClusterState(MirrorState):
         self.record_reader()
 
     def usage_subjects(self, catch: Catchup, result: PassResult) -> Subjects:
-        """The usage-record subjects this pass must reconcile (SPEC §7), before :meth:`passed`:
+        """The usage-record subjects this pass must reconcile, before :meth:`passed`:
         devices the pass wrote or the feed changed, pods the feed changed, and the pods of
         every set whose devices or VMI changed (a launcher's raw usage is its requests minus
         what its set holds). A rebuilt state, or a class change, reconciles everything."""

@@ -1,4 +1,4 @@
-"""Verification (SPEC §4): what differs between a kept state and one read from scratch.
+"""Verification: what differs between a kept state and one read from scratch.
 
 A pass due for verification rebuilds the view from scratch, runs the engine again on it
 and compares both the records and the decisions; every difference is logged and counted,

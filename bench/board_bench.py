@@ -1,6 +1,6 @@
 """Benchmark the staff placement board on a synthetic cluster of 1,000 or 10,000 nodes (issues 7, 18).
 
-Not a test (tests never assert on time): it prints the figures the README quotes.
+Not a test (tests never assert on time): it prints the figures docs/benchmarks.md quotes.
 It builds a cluster in a database of its own (SQLite in a temporary directory by
 default, or ``--database-url``): ``--nodes`` GPU nodes (80 % HGX H100 with 8 units,
 20 % A10 with 4), a few hundred tenants, sets of 1/2/4/8 devices packed first-fit to

@@ -1,6 +1,6 @@
-"""Benchmark the database-backed binder pass on PostgreSQL (issue 3).
+"""Benchmark the database-backed binder pass on PostgreSQL.
 
-Not a test: it prints a markdown table for the README. One command generates a
+Not a test: it prints a markdown table for docs/benchmarks.md. One command generates a
 synthetic cluster shaped like ``tests/fixtures/kubernetes`` (GPU nodes with a class resource plus
 the KubeVirt device resources, 3 classes, 1,000 tenants with GPUBudgets, sets of
 1/2/4/8 devices Bound by a best-fit packer so no node is over-booked, VMIs whose

@@ -1,6 +1,6 @@
 """Benchmark the pure engine: a full pass that binds many orders, then a steady-state pass.
 
-Not a test: it prints figures for the README. Synthetic clusters follow the real
+Not a test: it prints figures for docs/benchmarks.md. Synthetic clusters follow the real
 fixtures' shape (8 GPUs per node, several classes, sets of 1-8 devices, launcher pods
 listed in their VMI's activePods).
 

@@ -1,6 +1,6 @@
-"""Load the VMI admission webhook: 200 calls/s for 60 s, open loop (issue 8, item 3).
+"""Load the VMI admission webhook: 200 calls/s for 60 s, open loop.
 
-Not a test: it prints a markdown table for the README. It generates the 10k-node
+Not a test: it prints a markdown table for docs/benchmarks.md. It generates the 10k-node
 synthetic cluster of ``bench/cluster_bench.py`` into its own database
 (``gpuplane_load_bench``, dropped at the end unless ``--keep``), runs one full pass to
 settle it, then starts the real parts as subprocesses, as ``bench/webhook_bench.py``
@@ -83,7 +83,7 @@ TRY_AGAIN = "try again"
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
-    """The binder worker exactly as the README runs it (prefork, one child), plus a node name.
+    """The binder worker exactly as docs/operations.md runs it (prefork, one child), plus a node name.
 
     ``webhook_bench.start_worker`` runs the solo pool; this bench runs the documented command.
     """

@@ -1,6 +1,6 @@
 """Replay a real GPU trace through the engine: how much capacity orders with alternatives fill.
 
-Not a test: it prints figures for the README. The trace is Alibaba's
+Not a test: it prints figures for docs/benchmarks.md. The trace is Alibaba's
 ``cluster-trace-gpu-v2023`` (``bench/traces/alibaba-gpu-v2023``, see its SOURCE.md): a
 node list (GPU model and count per node) and pod lists, a third of whose whole-GPU pods
 name several GPU models they would accept.

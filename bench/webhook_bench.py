@@ -1,6 +1,6 @@
-"""Benchmark the VMI admission webhook's latency under 50 concurrent clients (issue 4).
+"""Benchmark the VMI admission webhook's latency under 50 concurrent clients.
 
-Not a test: it prints a markdown table for the README. Against a cluster already in the
+Not a test: it prints a markdown table for docs/benchmarks.md. Against a cluster already in the
 database (``bench/cluster_bench.py`` generates one; this bench never does), it starts the
 real parts as subprocesses: the webhook server (deploy/webhook_server.py; 2 workers x 26
 threads, plain HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on

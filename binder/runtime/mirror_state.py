@@ -17,6 +17,7 @@ namespace) it reads everything again (:meth:`MirrorState.rebuild`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -93,6 +94,17 @@ class MirrorState:
         self._ledger: Ledger | None = None
         #: What the engine derives from nodes and classes, kept while none of them changes.
         self.node_cache = NodeCache()
+
+    #: What a subclass keeps per state besides the records (copied by :meth:`adopt`).
+    KEPT: tuple[str, ...] = ()
+
+    def adopt(self, other: MirrorState) -> None:
+        """Continue from ``other`` (a state just read from scratch: a verification's),
+        keeping this reader's name and its pruning mark."""
+        base = ("valid", "why_invalid", "records", "namespaces", "device_ids", "members", "_tuples", "_ledger")
+        for name in (*base, "node_cache", *self.KEPT):
+            setattr(self, name, getattr(other, name))
+        self.cursor = dataclasses.replace(other.cursor, pruned=self.cursor.pruned, anchor_name=self.worker)
 
     # The cursor's fields, read by tests and the pass record.
     @property

@@ -106,6 +106,8 @@ class Counters:
 class ReadModel(MirrorState):
     """The mirror in one web process's memory, with a per-namespace index and a single-flight follow."""
 
+    KEPT = ("_by_namespace", "_slices")
+
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or f"readmodel:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         self._flight = threading.Condition()
@@ -282,24 +284,8 @@ class ReadModel(MirrorState):
             self.adopt(fresh)
         return problems
 
-    def adopt(self, other: ReadModel) -> None:
-        """Continue from ``other``'s records and feed position, keeping this model's name."""
-        for name in (
-            "valid",
-            "why_invalid",
-            "records",
-            "namespaces",
-            "device_ids",
-            "members",
-            "_tuples",
-            "_ledger",
-            "node_cache",
-            "_by_namespace",
-            "_slices",
-        ):
-            setattr(self, name, getattr(other, name))
-        theirs = other.cursor
-        self.cursor = dataclasses.replace(theirs, pruned=self.cursor.pruned, anchor_name=self.worker)
+    def adopt(self, other: MirrorState) -> None:
+        super().adopt(other)
         self.verified_at = time.monotonic()
         self.generation += 1
 

@@ -44,7 +44,7 @@ from binder.engine import PassResult
 from binder.engine import types as e
 from binder.engine.placement import is_settled
 from binder.engine.usage import Subjects
-from binder.runtime.feed import FeedCursor, OwnWrites
+from binder.runtime.feed import OwnWrites
 from binder.runtime.mirror_state import Catchup, MirrorState, SetKey
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ Loader = Callable[["ClusterState", str], Catchup | None]
 
 class ClusterState(MirrorState):
     """One worker's view of the mirror, with what its passes keep between them."""
+
+    KEPT = ("wanting", "_deadlines", "_deadline_grace", "_pods_by_key", "_pods_by_owner", "_unsettled", "_classes")
 
     def __init__(self) -> None:
         super().__init__(f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
@@ -356,29 +358,8 @@ class ClusterState(MirrorState):
         self._ledger = None
         self.last_full = None
 
-    def adopt(self, other: ClusterState) -> None:
-        """Continue from ``other`` (a verification's rebuilt state), keeping this worker's name."""
-        for name in (
-            "valid",
-            "why_invalid",
-            "records",
-            "namespaces",
-            "device_ids",
-            "members",
-            "wanting",
-            "_tuples",
-            "_ledger",
-            "_deadlines",
-            "_deadline_grace",
-            "_pods_by_key",
-            "_pods_by_owner",
-            "node_cache",
-            "_unsettled",
-            "_classes",
-        ):
-            setattr(self, name, getattr(other, name))
-        theirs = other.cursor
-        self.cursor = FeedCursor(theirs.position, theirs.horizon, theirs.mark, theirs.mark_at, self.pruned, self.worker)
+    def adopt(self, other: MirrorState) -> None:
+        super().adopt(other)
         self.last_full = None
         self.status_written = None
         self.record_reader()

@@ -243,6 +243,12 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=100_000, help="devices Bound in the generated steady state")
     parser.add_argument("--tenants", type=int, default=1000)
     parser.add_argument("--orders", type=int, default=10_000, help="new Pending sets bound by one pass")
+    parser.add_argument(
+        "--alternatives-share",
+        type=float,
+        default=0.0,
+        help="share of the new orders that accept 1-2 further classes (spec.alternativeClassNames)",
+    )
     parser.add_argument("--runs", type=int, default=5, help="steady-state passes to time (and floor/breakdown runs)")
     parser.add_argument("--answer-runs", type=int, default=20, help="idle answer passes to time")
     parser.add_argument("--load-runs", type=int, default=5, help="answer passes timed behind a running full pass")
@@ -461,7 +467,7 @@ def measure(args: argparse.Namespace, figures: dict[str, Any], progress: Any, co
     clock = time.perf_counter()
     # Orders come from every tenant: those with a tight budget are refused (~5%).
     everyone = list(models.Namespace.objects.values_list("id", flat=True))
-    inserted = insert_sets("order", args.orders, rng, everyone)
+    inserted = insert_sets("order", args.orders, rng, everyone, alternatives_share=args.alternatives_share)
     figures["orders_insert"] = {"devices": inserted, "seconds": time.perf_counter() - clock}
     progress.advance(task)
     figures["orders"] = child_result(child_pass(args, "full"))
@@ -515,7 +521,8 @@ def measure_incremental(args: argparse.Namespace, figures: dict[str, Any], progr
     delete_bench_sets()  # room again for the orders
     timed_pass("full")
     # Orders from every tenant, as for the fresh worker below (tight budgets refuse ~5%).
-    insert_sets("order-warm", args.orders, rng, list(models.Namespace.objects.values_list("id", flat=True)))
+    everyone = list(models.Namespace.objects.values_list("id", flat=True))
+    insert_sets("order-warm", args.orders, rng, everyone, alternatives_share=args.alternatives_share)
     duration, run = timed_pass("full")
     out["orders_warm"] = {"duration": duration, "bound": run.bound, "refused": run.refused,
                           "written": run.devices_written}  # fmt: skip

@@ -440,8 +440,12 @@ def insert_sets(
     *,
     size: int | None = None,
     bind_request: bool = False,
+    alternatives_share: float = 0.0,
 ) -> int:
-    """Insert ``count`` Pending sets (new orders); with ``bind_request`` the webhook's annotation."""
+    """Insert ``count`` Pending sets (new orders); with ``bind_request`` the webhook's annotation.
+
+    ``alternatives_share`` of them accept one or two further classes after their own, in a
+    random order of preference (``spec.alternativeClassNames``)."""
     from django.db import transaction
 
     from binder import models
@@ -454,8 +458,26 @@ def insert_sets(
         ns = rng.choice(namespace_ids)
         vm = f"{prefix}-{i:05d}"
         request = uuid.uuid4().hex if bind_request else ""
+        others = [name for name, _, _ in CLASSES if name != cls]
+        offered = bool(alternatives_share) and rng.random() < alternatives_share
+        choices = rng.sample(others, rng.choice((1, 2))) if offered else []
         rows.extend(
-            (ns, f"{vm}-gpu{j}", cls, vm, "Pending", "", None, "", request, now if request else None, "", "", now)
+            (
+                ns,
+                f"{vm}-gpu{j}",
+                cls,
+                vm,
+                "Pending",
+                "",
+                None,
+                "",
+                request,
+                now if request else None,
+                "",
+                "",
+                now,
+                choices,
+            )
             for j in range(n)
         )
     with transaction.atomic():
@@ -475,6 +497,7 @@ def insert_sets(
                 "answered_request",
                 "answer",
                 "created",
+                "alternative_class_names",
             ),
             rows,
             "copy",

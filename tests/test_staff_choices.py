@@ -145,3 +145,9 @@ def test_the_device_page_counts_what_holds_an_alternative_class(admin_client: Cl
     assert "the largest gap is 1 on na, 1 held by set t2/other" in whole.summary
     device = _page(admin_client, reverse("admin:binder_gpudevice_change", args=[_device("g0").pk]))
     assert whole.summary in device
+
+
+def test_the_board_names_the_held_class_and_the_choices(admin_client: Client, held: None) -> None:
+    page = _page(admin_client, reverse("admin:placement-board"))
+    assert page.count(f"· {HELD}") == 2  # g0 and g1, in their cells' titles
+    assert "tenant t1 · class a100" in page  # p0 has no alternatives: its class alone

@@ -173,6 +173,14 @@ class Board:
         return out
 
 
+def _class_words(device: e.Device) -> str:
+    """``class h100``, or for a device with alternatives the class it is held as and every
+    choice in order: ``held as a100 (choices h100, a100)``."""
+    if len(device.choices) > 1:
+        return f"held as {device.class_name} (choices {', '.join(device.choices)})"
+    return f"class {device.class_name}"
+
+
 def _title(*lines: str) -> str:
     return escape("\n".join(line for line in lines if line), quote=True)
 
@@ -378,7 +386,7 @@ class _Cells:
         href = f"{self.device_url}{pk}/change/" if pk else self.device_url
         title = _title(
             f"device {device.namespace}/{device.name}",
-            f"VM {device.vm_name} · tenant {device.namespace} · class {device.class_name}",
+            f"VM {device.vm_name} · tenant {device.namespace} · {_class_words(device)}",
             f"{device.phase.value} on {node} since {_when(device.since)}",
             f"reason: {device.reason}",
         )
@@ -419,7 +427,7 @@ def _lost_sets(
         since = min((d.since for d in devices if d.since), default=None)
         title = _title(
             f"Lost set {namespace}/{vm}: {len(devices)} devices, {units} units",
-            f"VM {vm} · tenant {namespace}",
+            f"VM {vm} · tenant {namespace} · {_class_words(devices[0])}",
             f"Lost since {_when(since)}",
             f"reason: {devices[0].reason}",
         )

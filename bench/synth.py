@@ -19,6 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+#: The device columns the generator and the inserted orders write (the rest take their defaults).
+DEVICE_COLUMNS = (
+    "namespace_id",
+    "name",
+    "class_name",
+    "vm_name",
+    "phase",
+    "node",
+    "since",
+    "reason",
+    "bind_request",
+    "bind_requested_at",
+    "answered_request",
+    "answer",
+    "created",
+)
 #: (class name, raw resource, display name): the resource names of tests/fixtures/kubernetes.
 CLASSES = (
     ("h100", "nvidia.com/GH100_H100_SXM5_80GB", "NVIDIA H100 SXM5 80GB"),
@@ -278,23 +294,8 @@ def generate(args: argparse.Namespace, progress: Any) -> dict[str, Any]:  # noqa
                         created,
                     )
 
-        device_columns = (
-            "namespace_id",
-            "name",
-            "class_name",
-            "vm_name",
-            "phase",
-            "node",
-            "since",
-            "reason",
-            "bind_request",
-            "bind_requested_at",
-            "answered_request",
-            "answer",
-            "created",
-        )
         step("devices")
-        load(models.GpuDevice, device_columns, device_rows(), args.loader, advance)
+        load(models.GpuDevice, DEVICE_COLUMNS, device_rows(), args.loader, advance)
         step("budgets")
         load(
             models.GpuBudget,
@@ -483,22 +484,7 @@ def insert_sets(
     with transaction.atomic():
         load(
             models.GpuDevice,
-            (
-                "namespace_id",
-                "name",
-                "class_name",
-                "vm_name",
-                "phase",
-                "node",
-                "since",
-                "reason",
-                "bind_request",
-                "bind_requested_at",
-                "answered_request",
-                "answer",
-                "created",
-                "alternative_class_names",
-            ),
+            (*DEVICE_COLUMNS, "alternative_class_names"),
             rows,
             "copy",
             lambda n: None,

@@ -129,16 +129,17 @@ class OrderFit:
 
 
 def order_fit(
-    cluster: Cluster, namespace: str, devices: int, choices: Sequence[str], ledger: Ledger | None = None
+    cluster: Cluster, namespace: str, devices: int, choices: Sequence[str], scratch: Ledger | None = None
 ) -> OrderFit:
     """Would an order of ``devices`` devices of ``choices`` fit for tenant ``namespace`` now?
 
     Answered by placing a hypothetical order with the binder's own rules (the first
     choice with room and budget, the fullest node within it) on this snapshot; nothing
     is written. ``devices`` must be at least 1 and ``choices`` non-empty (callers check
-    their input and say so). ``ledger``, the ledger of ``cluster`` when the caller keeps
-    one (a web process's read model), is copied, never changed: the answer then costs
-    what one order costs, not a ledger built from every device.
+    their input and say so). ``scratch``, a ledger of ``cluster`` that is the caller's own
+    to spend (a read-model snapshot's copy), is placed into and left changed: the answer
+    then costs what one order costs, not a ledger built from every device. Without it one
+    is built.
     """
     names = tuple(dict.fromkeys(choices))
     if devices < 1 or not names:
@@ -149,7 +150,7 @@ def order_fit(
         Device(namespace, f"{_PROBE_VM}-{i}", names[0], _PROBE_VM, created=cluster.now, choices=alternatives)
         for i in range(devices)
     )
-    work = ledger.copy() if ledger is not None else ledger_for(cluster)
+    work = scratch if scratch is not None else ledger_for(cluster)
     usage = dict(work.used.get(namespace, {}))
     work.commit(key, order)
     placed = try_order(cluster, key, work)

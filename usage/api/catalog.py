@@ -162,7 +162,8 @@ class GpuOptionsView(TenantScopedView):
         taken = read_model().snapshot(timezone.now(), engine_settings())
         if order is not None:
             devices, choices = order
-            fit = order_fit(taken.cluster, namespace, devices, choices, taken.ledger)
+            # The snapshot's ledger is this call's own copy: the probe order may be placed in it.
+            fit = order_fit(taken.cluster, namespace, devices, choices, scratch=taken.ledger)
             return Response(OrderFitSerializer(fit).data)
         options = gpu_options(taken.cluster, namespace, taken.ledger)
         return Response(GpuOptionSerializer(options, many=True).data)

@@ -171,6 +171,27 @@ def test_a_device_held_as_its_second_choice_is_listed_under_that_class(clock: Cl
     ]
 
 
+@pytest.mark.django_db
+def test_a_device_lists_its_choices_and_the_class_it_is_held_as(clock: Clock) -> None:
+    """The devices API says what the order accepts and what it holds: h100 or a100, held as
+    a100 once bound; while still Pending it is booked as its first choice."""
+    load_objects(second_choice())
+    models.GpuDevice.objects.update(phase=models.Phase.PENDING)  # as loaded: not placed yet
+    client = token_client(account("alice", "t1"))
+    pending = get(client, "/api/v1/devices/t1/vm1-gpu0")
+    assert (pending["className"], pending["alternativeClassNames"], pending["heldClassName"]) == (
+        "h100",
+        ["a100"],
+        "h100",
+    )
+    run_pass("full")
+    listed = get(client, "/api/v1/devices")["results"]
+    assert [(d["name"], d["phase"], d["className"], d["heldClassName"]) for d in listed] == [
+        ("vm1-gpu0", "Bound", "h100", "a100"),
+        ("vm1-gpu1", "Bound", "h100", "a100"),
+    ]
+
+
 # -- devices and decisions --------------------------------------------------------------------
 
 
@@ -186,6 +207,7 @@ def test_devices_and_their_decision_history(cluster: Clock) -> None:
     assert get(client, "/api/v1/devices", phase="Lost")["count"] == 0
     one = get(client, "/api/v1/devices/t1/vm1-gpu0")
     assert one["className"] == "h100" and one["vmName"] == "vm1"
+    assert (one["alternativeClassNames"], one["heldClassName"]) == ([], "h100")
     history = get(client, "/api/v1/devices/t1/vm1-gpu0/decisions")["results"]
     assert len(history) == 1  # loaded Bound on n1 (no change), then moved
     move = history[0]

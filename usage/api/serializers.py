@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from binder import models as binder_models
+from binder.reports.choices import held_class
 from usage.models import UsageRecord
 
 # -- serializers ----------------------------------------------------------------------------
@@ -87,14 +89,40 @@ class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     """A GPU device: where it is and why."""
 
     namespace = serializers.CharField(source="namespace.name")
-    className = serializers.CharField(source="class_name")
+    className = serializers.CharField(source="class_name", help_text="the class ordered first (spec.className)")
+    alternativeClassNames = serializers.ListField(
+        child=serializers.CharField(),
+        source="alternative_class_names",
+        help_text="further classes the order accepts, in order of preference (spec.alternativeClassNames)",
+    )
+    heldClassName = serializers.SerializerMethodField(
+        method_name="held_class_of",
+        help_text="the class the device is booked as: the choice it is held as while Bound or Lost, "
+        "className while Pending; usage and budgets count it under this class",
+    )
     vmName = serializers.CharField(source="vm_name")
     since = serializers.DateTimeField(allow_null=True)
     answer = serializers.CharField(help_text="the binder's answer to the latest bind request")
 
     class Meta:
         model = binder_models.GpuDevice
-        fields = ["namespace", "name", "className", "vmName", "phase", "node", "since", "reason", "answer"]
+        fields = [
+            "namespace",
+            "name",
+            "className",
+            "alternativeClassNames",
+            "heldClassName",
+            "vmName",
+            "phase",
+            "node",
+            "since",
+            "reason",
+            "answer",
+        ]
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def held_class_of(self, device: binder_models.GpuDevice) -> str:
+        return held_class(device)
 
 
 class DecisionSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

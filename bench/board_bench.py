@@ -18,6 +18,8 @@ Then it times:
 
     .venv/bin/python bench/board_bench.py --nodes 1000
     .venv/bin/python bench/board_bench.py --nodes 10000
+    .venv/bin/python bench/board_bench.py --skip-generate --database-url postgres://…/gpuplane_bench  # cluster_bench's cluster
+    .venv/bin/python bench/board_bench.py --nodes 10000 --no-browser --profile 30   # cProfile of one cold GET
 """
 
 from __future__ import annotations
@@ -189,6 +191,47 @@ def generate(nodes: int, seed: int) -> dict[str, int]:
     return {"nodes": nodes, "tenants": len(tenants), "devices": len(devices), "sets": sets, "pods": len(pods)}
 
 
+def existing_counts() -> dict[str, int]:
+    """The counts of the cluster already in the database (``--skip-generate``)."""
+    from binder import models
+
+    return {
+        "nodes": models.Node.objects.count(),
+        "tenants": models.Namespace.objects.count(),
+        "devices": models.GpuDevice.objects.count(),
+        "sets": models.GpuDevice.objects.values("namespace", "vm_name").distinct().count(),
+        "pods": models.Pod.objects.count(),
+    }
+
+
+def profile_server(top: int) -> None:
+    """cProfile of one cold ``GET /admin/placement-board/`` (the snapshot cache emptied), the
+    ``top`` functions by cumulative and by own time, on stderr."""
+    import cProfile
+    import pstats
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from gpuplane.staff.snapshot import forget
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    client.get("/admin/placement-board/")  # warms imports, templates and the read model
+    forget()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    response = client.get("/admin/placement-board/")
+    profiler.disable()
+    assert response.status_code == 200, response.status_code
+    stats = pstats.Stats(profiler, stream=sys.stderr).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+
+
 def time_server(runs: int) -> dict[str, Any]:
     """Server time of ``GET /admin/placement-board/`` (the first page of rows): cold (the
     snapshot cache emptied first: read the mirror, build the ledger, build and render the
@@ -323,11 +366,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--database-url", default="", help="default: SQLite in a temporary directory")
     parser.add_argument("--no-browser", action="store_true", help="time the server only")
+    parser.add_argument(
+        "--skip-generate",
+        action="store_true",
+        help="use the cluster already in --database-url (e.g. one cluster_bench generated); it is left as it is, "
+        "but for the label the cold browser runs set on the first node",
+    )
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N of a cold GET first")
     args = parser.parse_args()
+    if args.skip_generate and not args.database_url:
+        parser.error("--skip-generate needs --database-url")
     with tempfile.TemporaryDirectory(prefix="board-bench-") as tmp:
         var = Path(tmp)
         setup_django(args.database_url or f"sqlite:///{var / 'board.sqlite3'}", var)
-        counts = generate(args.nodes, args.seed)
+        counts = existing_counts() if args.skip_generate else generate(args.nodes, args.seed)
+        if args.profile:
+            profile_server(args.profile)
         figures: dict[str, Any] = {**counts, **time_server(args.runs)}
         if not args.no_browser:
             figures.update(time_browser(args.runs, figures["session"]))

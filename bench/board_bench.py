@@ -372,7 +372,9 @@ def main() -> None:
         help="use the cluster already in --database-url (e.g. one cluster_bench generated); it is left as it is, "
         "but for the label the cold browser runs set on the first node",
     )
-    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N of a cold GET first")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print cProfile's top N of a cold GET first"
+    )
     args = parser.parse_args()
     if args.skip_generate and not args.database_url:
         parser.error("--skip-generate needs --database-url")

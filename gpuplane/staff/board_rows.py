@@ -246,8 +246,8 @@ def _rows(
         old = before.get(name)
         if (
             old is not None
-            and old.node is node
-            and old.classes is cluster.classes
+            and (old.node is node or old.node == node)
+            and (old.classes is cluster.classes or old.classes == cluster.classes)
             and old.only_resource == only_resource
             and old.booked == booked
         ):
@@ -291,8 +291,9 @@ class _NodeRow:
 
 
 #: Per class filter's resource ("" for all), the last board's strips and markers per
-#: node, reused for a node whose record (the read model's records are immutable: the same
-#: object means unchanged), booked units and classes are the same: most nodes are, after a change.
+#: node, reused for a node whose record, booked units and classes are equal to those they
+#: were worked out from: most nodes, after a change (the read model keeps the records a
+#: follow does not touch, so the comparison is mostly of identical objects).
 _node_rows: dict[str, dict[str, _NodeRow]] = {}
 _node_rows_lock = threading.Lock()
 

@@ -17,8 +17,9 @@ each node's units (:class:`NodeHoldings`, ``Ledger.holdings`` itemised) is worke
 node when a page asks for that node (the board draws 100 rows), not for every node; what
 the board sums over every node is the units per node, tenant and resource
 (:func:`node_units`), from each set's contribution, and a set whose devices, launcher
-pods and classes are the very records of the previous snapshot (the read model's records
-are immutable, so identity means unchanged) keeps the contribution worked out then.
+pods and classes equal those of the previous snapshot keeps the contribution worked out
+then. The read model's records are immutable values and survive follows that do not
+touch them, so that comparison is mostly one of identical objects.
 """
 
 from __future__ import annotations
@@ -127,10 +128,11 @@ def node_units(ledger: Ledger) -> NodeUnits:
     node's holdings, summed by tenant and resource, without itemising them.
 
     Each set's units are ``Ledger.contribution`` (its Bound devices and its launcher pods'
-    raw usage: exactly its holdings). The previous call's sum is amended by the sets that
-    changed since: a set whose devices are the very records of then (the read model's
-    records are immutable: the same object means unchanged), with the same launcher pods
-    and classes, keeps its contribution; plain pods add their raw usage on top."""
+    raw usage: exactly its holdings), a function of those records' values. The previous
+    call's sum is amended by the sets that changed since: a set whose devices, launcher
+    pods and classes equal those of then keeps its contribution (the read model's records
+    are immutable and kept across follows, so this compares mostly identical objects, also
+    in a ledger built again); plain pods add their raw usage on top."""
     global _previous
     with _previous_lock:
         before, summed = _previous
@@ -145,7 +147,7 @@ def node_units(ledger: Ledger) -> NodeUnits:
         devices = devices_of(key)
         launchers = launchers_of(key, [])
         old = old_of(key)
-        if old is not None and old[0] is devices and old[1] == launchers and (old[2] is classes or old[2] == classes):
+        if old is not None and old[0] == devices and old[1] == launchers and old[2] == classes:
             kept[key] = old
             continue
         booked = ledger.contribution(key, devices).booked

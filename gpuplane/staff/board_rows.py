@@ -253,7 +253,7 @@ def _rows(
         ):
             found = old
         else:
-            found = _node_row(node, booked, cluster.classes, classes, class_resources, only_resource)
+            found = _node_row(name, node, booked, cluster.classes, classes, class_resources, only_resource)
         kept[name] = found
         resources = found.resources
         here = units.get(name, {})
@@ -269,7 +269,7 @@ def _rows(
         for (namespace, resource), count in here.items():
             if resource in resources and (not wanted or namespace == wanted):
                 units_by_tenant[namespace] += count
-        rows.append(Row(name, found.markers, list(found.strips), found.css))
+        rows.append(found.row)
     with _node_rows_lock:
         _node_rows[only_resource] = kept
 
@@ -287,7 +287,9 @@ class _NodeRow:
     resources: frozenset[str]
     strips: tuple[Strip, ...]
     markers: list[tuple[str, str]]
-    css: str
+    row: Row
+    """The node's row, shared by every board that shows the node unchanged (the page
+    draws copies of it: ``build_board``)."""
 
 
 #: Per class filter's resource ("" for all), the last board's strips and markers per
@@ -307,6 +309,7 @@ on_forget.append(_forget_rows)
 
 
 def _node_row(
+    name: str,
     node: e.Node | None,
     booked: Mapping[str, int],
     class_records: tuple[e.GpuClass, ...],
@@ -343,7 +346,7 @@ def _node_row(
         resources=frozenset(resources),
         strips=tuple(strips),
         markers=markers,
-        css=" ".join(m for m, _ in markers),
+        row=Row(name, markers, strips, " ".join(m for m, _ in markers)),
     )
 
 

@@ -129,6 +129,13 @@ def test_node_holdings_are_the_ledgers_itemisation_node_by_node(seed: int) -> No
     assert bool(lazy) is True
     with pytest.raises(KeyError):
         lazy["nowhere"]
+    # The next snapshot's: a copy (its pods' index reused), then a pod fewer (made again).
+    gone = next(p for p in cluster.pods if p.node and not p.finished)
+    fewer = ledger_for(replace(cluster, pods=tuple(p for p in cluster.pods if p is not gone)))
+    for after in (ledger.copy(), fewer):
+        expected = {node: held for node, held in after.holdings().items() if held}
+        assert {n: NodeHoldings(after).get(n, []) for n in expected} == expected
+        assert dict(NodeHoldings(after)) == expected
     empty = ledger_for(replace(cluster, devices=(), pods=(), vmis=()))
     assert not NodeHoldings(empty) and dict(NodeHoldings(empty)) == {}
 

@@ -53,19 +53,7 @@ class NodeHoldings(Mapping[str, list[Holding]]):
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        #: node -> its pods with raw usage: (pod, its VMI when it is a launcher, the
-        #: launcher's set or the plain pod's capacity, the order ``Ledger.holdings`` sorts ties in).
-        self._pods_on: dict[str, list[tuple[e.Pod, e.Vmi | None, SetKey | Mapping[str, int], int]]] = defaultdict(list)
-        order = 0
-        for key in sorted(ledger.launcher_pods):
-            for pod, vmi in ledger.launcher_pods[key]:
-                if pod.node:
-                    self._pods_on[pod.node].append((pod, vmi, key, order))
-                order += 1
-        for pod, capacity in ledger.plain_pods:
-            if pod.node:
-                self._pods_on[pod.node].append((pod, None, capacity, order))
-            order += 1
+        self._pods_on = _pods_on(ledger)
         self._done: dict[str, list[Holding]] = {}
 
     def _candidates(self) -> set[str]:
@@ -110,6 +98,39 @@ class NodeHoldings(Mapping[str, list[Holding]]):
         """Whether any node may have holdings (without working any out): an empty mapping
         stays empty, and a mapping this calls true answers ``get`` as the ledger would."""
         return bool(self._ledger.sets_on) or bool(self._pods_on)
+
+
+_PodsOn = dict[str, list[tuple[e.Pod, e.Vmi | None, SetKey | Mapping[str, int], int]]]
+#: The last ledger's launcher and plain pods and the index made of them.
+_last_pods: tuple[Mapping[SetKey, list[tuple[e.Pod, e.Vmi]]], list[tuple[e.Pod, Mapping[str, int]]], _PodsOn] = (
+    {},
+    [],
+    {},
+)
+
+
+def _pods_on(ledger: Ledger) -> _PodsOn:
+    """Node -> its pods with raw usage: (pod, its VMI when it is a launcher, the launcher's
+    set or the plain pod's capacity, the order ``Ledger.holdings`` sorts ties in). The
+    last ledger's index while its pods are equal (a copy of the same ledger: a comparison
+    of identical objects); the raw usage itself is worked out per node, from the devices."""
+    global _last_pods
+    launchers, plain, index = _last_pods
+    if ledger.launcher_pods == launchers and ledger.plain_pods == plain:
+        return index
+    index = defaultdict(list)
+    order = 0
+    for key in sorted(ledger.launcher_pods):
+        for pod, vmi in ledger.launcher_pods[key]:
+            if pod.node:
+                index[pod.node].append((pod, vmi, key, order))
+            order += 1
+    for pod, capacity in ledger.plain_pods:
+        if pod.node:
+            index[pod.node].append((pod, None, capacity, order))
+        order += 1
+    _last_pods = (ledger.launcher_pods, ledger.plain_pods, index)
+    return index
 
 
 #: What one set adds to nodes: its devices, launcher pods and classes, and (node,
@@ -231,11 +252,12 @@ on_forget: list[Callable[[], None]] = []
 def forget() -> None:
     """Drop the cached snapshot and everything kept to amend the next one (tests that
     change what the feed does not see: settings; the bench's first board of a process)."""
-    global _cached, _previous
+    global _cached, _previous, _last_pods
     with _lock:
         _cached = None
     with _previous_lock:
         _previous = ({}, {})
+    _last_pods = ({}, [], {})
     for drop in on_forget:
         drop()
 

@@ -1,10 +1,13 @@
 """The board's rows: every node summed for one snapshot, filter and order.
 
-Each node's strips (one per GPU resource: allocatable, booked, free for new units and who
-holds them), its state markers, the totals and the units per tenant are summed over the
-whole cluster so the rows can be sorted and filtered, and kept per snapshot (``memo``) so
-paging does not sum every node again. Free means free for new units, as the binder and
-the catalog count it (``refuses_new``). The page's drawing is ``gpuplane.staff.board``.
+Each node's strips (one per GPU resource: allocatable, booked, free for new units; who
+holds them is filled in for the rows a page draws), its state markers, the totals and the
+units per tenant are summed over the whole cluster so the rows can be sorted and filtered,
+and kept per snapshot (``memo``) so paging does not sum every node again. A node's strips,
+markers and row are also kept across snapshots while its record, booked units and the
+classes are equal, so the first board after a change rebuilds only the nodes it touched.
+Free means free for new units, as the binder and the catalog count it (``refuses_new``).
+The page's drawing is ``gpuplane.staff.board``.
 """
 
 from __future__ import annotations

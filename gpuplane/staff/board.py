@@ -262,7 +262,7 @@ def build_board(
         return found.css if found else "tz"
 
     pages = max(1, -(-len(rows) // PAGE_SIZE))
-    found, target = _find(filters.q, rows, lost_sets, holdings)
+    found, target = _find(filters.q, rows, lost_sets, ledger)
     page = filters.page or (target // PAGE_SIZE + 1 if target is not None else 1)
     page = min(max(page, 1), pages)
     # Copies: the summarised rows may be shared with other requests (``memo``).
@@ -274,7 +274,9 @@ def build_board(
     cell_count = 0
     for row in shown:
         row.href = node_url(row.node) if node_url else ""
+        held = holdings.get(row.node, ())
         for strip in row.strips:
+            strip.held = [h for h in held if h.resource == strip.resource]
             strip.cells, count = cells.strip(row.node, strip.allocatable, strip.held, ids)
             cell_count += count
 
@@ -313,7 +315,7 @@ def _find(
     q: str,
     rows: list[Row],
     lost_sets: Mapping[tuple[str, str], list[e.Device]],
-    holdings: Mapping[str, list[Holding]],
+    ledger: Ledger,
 ) -> tuple[str, int | None]:
     """What ``q`` (``ns/vm`` or a node name) names and the index of its row, if it has one."""
     if not q:
@@ -323,12 +325,12 @@ def _find(
         return f"node {q}", index[q]
     namespace, _, vm = q.partition("/")
     if vm:
+        # The nodes where the set's devices are held (as the ledger itemises holdings).
         where = sorted(
             {
-                name
-                for name, held in holdings.items()
-                for h in held
-                if h.device is not None and h.device.set_key == (namespace, vm)
+                d.node
+                for d in ledger.devices((namespace, vm))
+                if d.phase is e.Phase.BOUND and d.node and d.class_name in ledger.classes
             }
         )
         shown = [n for n in where if n in index]

@@ -1,14 +1,18 @@
 """The board's rows: every node summed for one snapshot, filter and order.
 
-Each node's strips (one per GPU resource: allocatable, booked, free for new units and who
-holds them), its state markers, the totals and the units per tenant are summed over the
-whole cluster so the rows can be sorted and filtered, and kept per snapshot (``memo``) so
-paging does not sum every node again. Free means free for new units, as the binder and
-the catalog count it (``refuses_new``). The page's drawing is ``gpuplane.staff.board``.
+Each node's strips (one per GPU resource: allocatable, booked, free for new units; who
+holds them is filled in for the rows a page draws), its state markers, the totals and the
+units per tenant are summed over the whole cluster so the rows can be sorted and filtered,
+and kept per snapshot (``memo``) so paging does not sum every node again. A node's strips,
+markers and row are also kept across snapshots while its record, booked units and the
+classes are equal, so the first board after a change rebuilds only the nodes it touched.
+Free means free for new units, as the binder and the catalog count it (``refuses_new``).
+The page's drawing is ``gpuplane.staff.board``.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +27,10 @@ from binder.engine import Holding, Ledger
 from binder.engine import types as e
 from binder.engine.explain import ClassGap, Explainer, Explanation, class_gaps
 from binder.engine.fit import refuses_new
+from gpuplane.staff.snapshot import node_units, on_forget
 
+#: The memo's key of the units per node, tenant and resource (every filter sums them).
+_UNITS = ("board", "units")
 #: Summaries kept per snapshot (filter and order combinations) before the memo is emptied.
 MEMO_SIZE = 16
 #: ``?sort=``: by node name, by free units (for new units), by state (the worst first).
@@ -70,6 +77,7 @@ class Strip:
     free: int
     """Free for new units: 0 when the node takes none of the resource's classes now."""
     held: list[Holding]
+    """Who holds its units (filled for the rows a page draws)."""
     blocked: str = ""
     """Why the node takes no new units of this resource ("" when it may)."""
     cells: SafeString = SafeString("")
@@ -165,19 +173,28 @@ def _remembered(
     key = ("board", filters.class_name, wanted, filters.problems, filters.sort)
     work = memo.get(key) if memo is not None else None
     if work is None:
-        work = _summarise(cluster, ledger, holdings, filters, wanted)
+        units = memo.get(_UNITS) if memo is not None else None
+        if units is None:
+            units = node_units(ledger)
+        work = _summarise(cluster, ledger, holdings, units, filters, wanted)
         if memo is not None:
             if len(memo) >= MEMO_SIZE:
                 memo.clear()
+            memo[_UNITS] = units
             memo[key] = work
     assert isinstance(work, _Work)  # noqa: S101 - only _Work is stored under a board key
     return work
 
 
 def _summarise(
-    cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
+    cluster: e.Cluster,
+    ledger: Ledger,
+    holdings: Mapping[str, list[Holding]],
+    units: Mapping[str, Mapping[tuple[str, str], int]],
+    filters: Filters,
+    wanted: str,
 ) -> _Work:
-    rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, holdings, filters, wanted)
+    rows, totals, units_by_tenant, node_count = _rows(cluster, ledger, units, filters, wanted)
     rows.sort(key=_sort_key(filters.sort), reverse=filters.sort == "-name")
     explainer = Explainer(cluster, ledger, holdings)
     lost_sets = _lost_devices(cluster, filters)
@@ -202,10 +219,16 @@ def _summarise(
 
 
 def _rows(
-    cluster: e.Cluster, ledger: Ledger, holdings: Mapping[str, list[Holding]], filters: Filters, wanted: str
+    cluster: e.Cluster,
+    ledger: Ledger,
+    units: Mapping[str, Mapping[tuple[str, str], int]],
+    filters: Filters,
+    wanted: str,
 ) -> tuple[list[Row], dict[str, list[int]], Counter[str], int]:
-    """Every matching node's row (no cells yet), the totals per resource, the units per
-    tenant on them, and how many nodes the board has in all."""
+    """Every matching node's row (no cells, and no holdings: the page's rows get theirs
+    when drawn), the totals per resource, the units per tenant on them (``units``: node ->
+    (tenant, resource) -> units, see ``snapshot.node_units``), and how many nodes the
+    board has in all."""
     classes = {c.name: c for c in cluster.classes}
     nodes = {n.name: n for n in cluster.nodes}
     only_resource = classes[filters.class_name].resource_name if filters.class_name else ""
@@ -217,47 +240,117 @@ def _rows(
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     units_by_tenant: Counter[str] = Counter()
     node_names = sorted(set(nodes) | {n for n, booked in ledger.booked.items() if n and any(booked.values())})
+    with _node_rows_lock:
+        before = _node_rows.get(only_resource, {})
+    kept: dict[str, _NodeRow] = {}
     for name in node_names:
         node = nodes.get(name)
-        allocatable = node.allocatable if node else {}
         booked: Mapping[str, int] = ledger.booked.get(name, {})
-        resources = {r for r in allocatable if r in class_resources and allocatable[r] > 0}
-        resources |= {r for r, units in booked.items() if units > 0}
-        if only_resource:
-            resources &= {only_resource}
-        held = [h for h in holdings.get(name, ()) if h.resource in resources]
-        if not resources or (wanted and wanted not in {_holder(h).namespace for h in held}):
+        old = before.get(name)
+        if (
+            old is not None
+            and (old.node is node or old.node == node)
+            and (old.classes is cluster.classes or old.classes == cluster.classes)
+            and old.only_resource == only_resource
+            and old.booked == booked
+        ):
+            found = old
+        else:
+            found = _node_row(name, node, booked, cluster.classes, classes, class_resources, only_resource)
+        kept[name] = found
+        resources = found.resources
+        here = units.get(name, {})
+        if not resources or (wanted and not any(ns == wanted and r in resources for ns, r in here)):
             continue
-        strips = []
-        for resource in sorted(resources):
-            alloc, used = allocatable.get(resource, 0), booked.get(resource, 0)
-            blocked = _blocked(node, [classes[c] for c in class_resources.get(resource, ())])
-            strips.append(
-                Strip(
-                    resource=resource,
-                    label=", ".join(class_resources.get(resource, ())) or resource.rsplit("/", 1)[-1],
-                    allocatable=alloc,
-                    booked=used,
-                    free=0 if blocked else max(0, alloc - used),
-                    held=[h for h in held if h.resource == resource],
-                    blocked=blocked,
-                )
-            )
-        markers = _markers(node, strips)
-        if filters.problems and not markers:
+        if filters.problems and not found.markers:
             continue
-        for strip in strips:
+        for strip in found.strips:
             total = totals[strip.resource]
             total[0] += strip.allocatable
             total[1] += strip.booked
             total[2] += strip.free
-        for holding in held:
-            namespace = _holder(holding).namespace
-            if not wanted or namespace == wanted:
-                units_by_tenant[namespace] += holding.units
-        rows.append(Row(name, markers, strips, " ".join(m for m, _ in markers)))
+        for (namespace, resource), count in here.items():
+            if resource in resources and (not wanted or namespace == wanted):
+                units_by_tenant[namespace] += count
+        rows.append(found.row)
+    with _node_rows_lock:
+        _node_rows[only_resource] = kept
 
     return rows, totals, units_by_tenant, len(node_names)
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeRow:
+    """A node's strips and markers, with what they were worked out from."""
+
+    node: e.Node | None
+    booked: Mapping[str, int]
+    classes: tuple[e.GpuClass, ...]
+    only_resource: str
+    resources: frozenset[str]
+    strips: tuple[Strip, ...]
+    markers: list[tuple[str, str]]
+    row: Row
+    """The node's row, shared by every board that shows the node unchanged (the page
+    draws copies of it: ``build_board``)."""
+
+
+#: Per class filter's resource ("" for all), the last board's strips and markers per
+#: node, reused for a node whose record, booked units and classes are equal to those they
+#: were worked out from: most nodes, after a change (the read model keeps the records a
+#: follow does not touch, so the comparison is mostly of identical objects).
+_node_rows: dict[str, dict[str, _NodeRow]] = {}
+_node_rows_lock = threading.Lock()
+
+
+def _forget_rows() -> None:
+    with _node_rows_lock:
+        _node_rows.clear()
+
+
+on_forget.append(_forget_rows)
+
+
+def _node_row(
+    name: str,
+    node: e.Node | None,
+    booked: Mapping[str, int],
+    class_records: tuple[e.GpuClass, ...],
+    classes: Mapping[str, e.GpuClass],
+    class_resources: Mapping[str, list[str]],
+    only_resource: str,
+) -> _NodeRow:
+    allocatable = node.allocatable if node else {}
+    resources = {r for r in allocatable if r in class_resources and allocatable[r] > 0}
+    resources |= {r for r, units in booked.items() if units > 0}
+    if only_resource:
+        resources &= {only_resource}
+    strips = []
+    for resource in sorted(resources):
+        alloc, used = allocatable.get(resource, 0), booked.get(resource, 0)
+        blocked = _blocked(node, [classes[c] for c in class_resources.get(resource, ())])
+        strips.append(
+            Strip(
+                resource=resource,
+                label=", ".join(class_resources.get(resource, ())) or resource.rsplit("/", 1)[-1],
+                allocatable=alloc,
+                booked=used,
+                free=0 if blocked else max(0, alloc - used),
+                held=[],
+                blocked=blocked,
+            )
+        )
+    markers = _markers(node, strips)
+    return _NodeRow(
+        node=node,
+        booked=dict(booked),
+        classes=class_records,
+        only_resource=only_resource,
+        resources=frozenset(resources),
+        strips=tuple(strips),
+        markers=markers,
+        row=Row(name, markers, strips, " ".join(m for m, _ in markers)),
+    )
 
 
 def _blocked(node: e.Node | None, classes: list[e.GpuClass]) -> str:
@@ -268,12 +361,6 @@ def _blocked(node: e.Node | None, classes: list[e.GpuClass]) -> str:
         return "no class uses this resource"
     reasons = [refuses_new(node, (cls,)) for cls in classes]
     return "" if any(r is None for r in reasons) else str(reasons[0])
-
-
-def _holder(holding: Holding) -> e.Device | e.Pod:
-    holder = holding.device or holding.pod
-    assert holder is not None  # noqa: S101 - a Holding always names its device or pod
-    return holder
 
 
 def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:

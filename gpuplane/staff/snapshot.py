@@ -11,24 +11,205 @@ derived from it (``memo``) are what a fresh read would give.
 The cache holds one snapshot per process and also expires after :data:`MAX_AGE_SECONDS`,
 so settings read at snapshot time (the grace period, the default budget) are never old
 for long.
+
+A fresh snapshot does as little as it can for the first board after a change: who holds
+each node's units (:class:`NodeHoldings`, ``Ledger.holdings`` itemised) is worked out per
+node when a page asks for that node (the board draws 100 rows), not for every node; what
+the board sums over every node is the units per node, tenant and resource
+(:func:`node_units`), from each set's contribution, and a set whose devices, launcher
+pods and classes equal those of the previous snapshot keeps the contribution worked out
+then. The read model's records are immutable values and survive follows that do not
+touch them, so that comparison is mostly one of identical objects.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.core.signals import setting_changed
 
-from binder.engine import Holding, Ledger
+from binder.engine import Holding, Ledger, raw_usage
 from binder.engine import types as e
 from binder.runtime.readmodel import read_model
 
 MAX_AGE_SECONDS = 60.0
+
+SetKey = tuple[str, str]
+
+
+class NodeHoldings(Mapping[str, list[Holding]]):
+    """Node -> who books its units, as ``Ledger.holdings`` gives it (the same holdings in
+    the same order: Bound devices by set and name, then pods' raw usage by tenant, name
+    and resource), each node worked out when first asked for and kept.
+
+    ``Ledger.holdings`` itemises every node at once: at 10,000 nodes and 100,000 devices
+    0.6 s, for a page that draws 100 rows. Iterating (or ``len``) works out every node."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._pods_on = _pods_on(ledger)
+        self._done: dict[str, list[Holding]] = {}
+
+    def _candidates(self) -> set[str]:
+        return set(self._ledger.sets_on) | set(self._pods_on)
+
+    def _work_out(self, node: str) -> list[Holding]:
+        ledger, classes = self._ledger, self._ledger.classes
+        held: list[Holding] = []
+        for key in sorted(ledger.sets_on.get(node, ())):
+            for device in sorted(ledger.devices(key), key=lambda d: d.name):
+                cls = classes.get(device.class_name)
+                if cls is not None and device.phase is e.Phase.BOUND and device.node == node:
+                    held.append(Holding(cls.resource_name, cls.units_per_device, device=device))
+        pods: list[tuple[str, str, str, int, e.Pod, int, e.Vmi | None]] = []
+        for pod, vmi, source, order in self._pods_on.get(node, ()):
+            if vmi is not None:
+                assert isinstance(source, tuple)  # noqa: S101 - a launcher's entry names its set
+                capacity = raw_usage(pod, vmi, ledger.devices(source), classes).capacity
+            else:
+                assert not isinstance(source, tuple)  # noqa: S101 - a plain pod's entry holds its capacity
+                capacity = source
+            pods.extend((pod.namespace, pod.name, r, order, pod, units, vmi) for r, units in capacity.items())
+        pods.sort(key=lambda p: (p[0], p[1], p[2], p[3]))
+        held.extend(Holding(resource, units, pod=pod, launcher=vmi) for _, _, resource, _, pod, units, vmi in pods)
+        return held
+
+    def __getitem__(self, node: str) -> list[Holding]:
+        found = self._done.get(node)
+        if found is None:
+            found = self._done[node] = self._work_out(node)
+        if not found:
+            raise KeyError(node)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(n for n in self._candidates() if n in self))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        """Whether any node may have holdings (without working any out): an empty mapping
+        stays empty, and a mapping this calls true answers ``get`` as the ledger would."""
+        return bool(self._ledger.sets_on) or bool(self._pods_on)
+
+
+_PodsOn = dict[str, list[tuple[e.Pod, e.Vmi | None, SetKey | Mapping[str, int], int]]]
+#: The last ledger's launcher and plain pods and the index made of them.
+_last_pods: tuple[Mapping[SetKey, list[tuple[e.Pod, e.Vmi]]], list[tuple[e.Pod, Mapping[str, int]]], _PodsOn] = (
+    {},
+    [],
+    {},
+)
+
+
+def _pods_on(ledger: Ledger) -> _PodsOn:
+    """Node -> its pods with raw usage: (pod, its VMI when it is a launcher, the launcher's
+    set or the plain pod's capacity, the order ``Ledger.holdings`` sorts ties in). The
+    last ledger's index while its pods are equal (a copy of the same ledger: a comparison
+    of identical objects); the raw usage itself is worked out per node, from the devices."""
+    global _last_pods
+    launchers, plain, index = _last_pods
+    if ledger.launcher_pods == launchers and ledger.plain_pods == plain:
+        return index
+    index = defaultdict(list)
+    order = 0
+    for key in sorted(ledger.launcher_pods):
+        for pod, vmi in ledger.launcher_pods[key]:
+            if pod.node:
+                index[pod.node].append((pod, vmi, key, order))
+            order += 1
+    for pod, capacity in ledger.plain_pods:
+        if pod.node:
+            index[pod.node].append((pod, None, capacity, order))
+        order += 1
+    _last_pods = (ledger.launcher_pods, ledger.plain_pods, index)
+    return index
+
+
+#: What one set adds to nodes: its devices, launcher pods and classes, and (node,
+#: resource) -> units, the units its holdings have there.
+_Kept = tuple[tuple[e.Device, ...], list[tuple[e.Pod, e.Vmi]], Mapping[str, e.GpuClass], Mapping[tuple[str, str], int]]
+NodeUnits = dict[str, dict[tuple[str, str], int]]
+#: The previous call's sets and its sum over them (plain pods left out).
+_previous: tuple[dict[SetKey, _Kept], NodeUnits] = ({}, {})
+_previous_lock = threading.Lock()
+#: Past this many changed sets the sum is made again rather than amended.
+_AMEND_AT_MOST = 2000
+
+
+def node_units(ledger: Ledger) -> NodeUnits:
+    """Node -> (tenant, resource) -> units booked there (never 0): the units of every
+    node's holdings, summed by tenant and resource, without itemising them.
+
+    Each set's units are ``Ledger.contribution`` (its Bound devices and its launcher pods'
+    raw usage: exactly its holdings), a function of those records' values. The previous
+    call's sum is amended by the sets that changed since: a set whose devices, launcher
+    pods and classes equal those of then keeps its contribution (the read model's records
+    are immutable and kept across follows, so this compares mostly identical objects, also
+    in a ledger built again); plain pods add their raw usage on top."""
+    global _previous
+    with _previous_lock:
+        before, summed = _previous
+    classes = ledger.classes
+    launcher_pods = ledger.launcher_pods
+    kept: dict[SetKey, _Kept] = {}
+    changed: list[tuple[SetKey, Mapping[tuple[str, str], int], Mapping[tuple[str, str], int]]] = []
+    keys: set[SetKey] = set(launcher_pods).union(*ledger.sets_on.values())
+    nothing: Mapping[tuple[str, str], int] = {}
+    devices_of, launchers_of, old_of = ledger.devices, launcher_pods.get, before.get
+    for key in keys:
+        devices = devices_of(key)
+        launchers = launchers_of(key, [])
+        old = old_of(key)
+        if old is not None and old[0] == devices and old[1] == launchers and old[2] == classes:
+            kept[key] = old
+            continue
+        booked = ledger.contribution(key, devices).booked
+        kept[key] = (devices, launchers, classes, booked)
+        changed.append((key, old[3] if old is not None else nothing, booked))
+    changed.extend((key, old[3], nothing) for key, old in before.items() if key not in kept)
+    if len(changed) > _AMEND_AT_MOST:
+        summed, made = {}, set[str]()
+        for key, entry in kept.items():
+            _add(summed, key[0], entry[3], 1, made)
+    else:
+        summed = dict(summed)  # the previous sum may be in use: amend copies of the nodes touched
+        copied: set[str] = set()
+        for key, was, now in changed:
+            _add(summed, key[0], was, -1, copied)
+            _add(summed, key[0], now, 1, copied)
+    with _previous_lock:
+        _previous = (kept, summed)
+    out = dict(summed)
+    copied = set()
+    for pod, capacity in ledger.plain_pods:
+        _add(out, pod.namespace, {(pod.node, r): units for r, units in capacity.items()}, 1, copied)
+    return out
+
+
+def _add(summed: NodeUnits, namespace: str, booked: Mapping[tuple[str, str], int], sign: int, copied: set[str]) -> None:
+    """Add (``sign`` 1) or take away (-1) ``booked`` of ``namespace``; a node's entry not
+    yet in ``copied`` is copied first (it may be shared), and an entry reaching 0 goes."""
+    for (node, resource), units in booked.items():
+        if not units:
+            continue
+        slot = summed.get(node)
+        if node not in copied:
+            slot = summed[node] = dict(slot) if slot is not None else {}
+            copied.add(node)
+        assert slot is not None  # noqa: S101 - made just above when missing
+        total = slot.get((namespace, resource), 0) + sign * units
+        if total:
+            slot[(namespace, resource)] = total
+        else:
+            slot.pop((namespace, resource), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +239,27 @@ def snapshot(now: datetime) -> Snapshot:
             return _cached[2]
     taken = model.snapshot(now)
     cluster, ids, ledger = taken.cluster, taken.ids, taken.ledger
-    fresh = Snapshot(cluster, ids, ledger, ledger.holdings())
+    fresh = Snapshot(cluster, ids, ledger, NodeHoldings(ledger))
     with _lock:
         _cached = ((id(model), taken.generation), time.monotonic(), fresh)
     return fresh
 
 
+#: Called by :func:`forget`: what pages keep across snapshots drops it too.
+on_forget: list[Callable[[], None]] = []
+
+
 def forget() -> None:
-    """Drop the cached snapshot (tests that change what the feed does not see: settings)."""
-    global _cached
+    """Drop the cached snapshot and everything kept to amend the next one (tests that
+    change what the feed does not see: settings; the bench's first board of a process)."""
+    global _cached, _previous, _last_pods
     with _lock:
         _cached = None
+    with _previous_lock:
+        _previous = ({}, {})
+    _last_pods = ({}, [], {})
+    for drop in on_forget:
+        drop()
 
 
 def _on_setting_changed(**_: object) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import hashlib
 import io
 import json
 import sys
@@ -173,10 +174,15 @@ def replay(
         engine_s += time.perf_counter() - started
         pending = {key for key in scope if any(d.phase is not Phase.BOUND for d in ledger.devices(key))}
     bound = sum(units for resource_units in ledger.device_booked.values() for units in resource_units.values())
+    digest = hashlib.sha256()
+    for key, _ in orders:
+        for device in ledger.devices((NAMESPACE, key)):
+            digest.update(f"{device.name} {device.phase} {device.node} {device.class_name} {device.reason}\n".encode())
     return {
         "allocated_pct": round(100.0 * bound / total, 2),
         "refused": len(pending),
         "engine_s": round(engine_s, 3),
+        "placement_hash": digest.hexdigest()[:16],
     }
 
 

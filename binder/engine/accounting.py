@@ -249,6 +249,35 @@ class Ledger:
                 booked[slot] = booked.get(slot, 0) + units
         return Contribution(booked=booked, used=used)
 
+    def used_delta(self, key: SetKey, devices: Iterable[Device]) -> dict[str, int]:
+        """What the tenant of ``key`` would use more per key (negative: less) if its devices
+        were ``devices``: the ``used`` half of :meth:`delta`, without the bookings."""
+        members = tuple(devices)
+        used: dict[str, int] = {}
+        classes = self.classes
+        for device in members:
+            if device.phase is Phase.PENDING:
+                continue
+            cls = classes.get(device.class_name)
+            if cls is None:
+                continue
+            units = cls.units_per_device
+            used[cls.name] = used.get(cls.name, 0) + units
+            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
+        for pod, vmi in self.launcher_pods.get(key, ()):
+            for resource, units in raw_usage(pod, vmi, members, classes).budget.items():
+                used[resource] = used.get(resource, 0) + units
+        return self.used_delta_from(key, used)
+
+    def used_delta_from(self, key: SetKey, used: dict[str, int]) -> dict[str, int]:
+        """``used`` (what set ``key`` would use, key -> units; changed in place) less what it
+        uses now."""
+        old = self._contrib.get(key)
+        if old is not None:
+            for k, units in old.used.items():
+                used[k] = used.get(k, 0) - units
+        return used
+
     def delta(self, key: SetKey, devices: Iterable[Device]) -> Delta:
         """New contribution minus the current one."""
         new = self.contribution(key, devices)

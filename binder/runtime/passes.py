@@ -406,6 +406,9 @@ def _record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str
     answered = [d for d in result.devices if d.key in keys and d.key in ids]
     if not answered:
         return
+    if connection.vendor == "postgresql":
+        _record_answers_postgresql(run, answered, ids)
+        return
     requested = dict(
         models.GpuDevice.objects.filter(id__in=[ids[d.key] for d in answered]).values_list("id", "bind_requested_at")
     )
@@ -427,3 +430,31 @@ def _record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str
             )
         )
     models.BindAnswer.objects.bulk_create(rows, batch_size=1000)
+
+
+def _record_answers_postgresql(run: models.PassRun, answered: list[e.Device], ids: dict[tuple[str, str], int]) -> None:
+    """:func:`_record_answers` in one statement: the request times are joined from the
+    device rows by the INSERT itself (an answer pass is a dozen round trips; this was two)."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        binary = psycopg.Cursor(cursor.cursor.connection)
+        binary.execute(
+            "INSERT INTO binder_bindanswer (pass_run_id, namespace, device_name, request, allowed, answer,"
+            " requested_at, answered_at, latency_ms)"
+            " SELECT %b, v.ns, v.name, v.request, v.allowed, v.answer, d.bind_requested_at, %b,"
+            " extract(epoch FROM %b - d.bind_requested_at)::float8 * 1000"
+            " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::boolean[], %b::text[]) WITH ORDINALITY"
+            " AS v(id, ns, name, request, allowed, answer, n)"
+            " LEFT JOIN binder_gpudevice AS d ON d.id = v.id ORDER BY v.n",
+            [
+                run.pk,
+                now,
+                now,
+                [ids[d.key] for d in answered],
+                [d.namespace for d in answered],
+                [d.name for d in answered],
+                [d.answered_request for d in answered],
+                [d.answer.startswith(ANSWER_BOUND) for d in answered],
+                [d.answer for d in answered],
+            ],
+        )

@@ -303,15 +303,14 @@ class Ledger:
                 self.booked[node][resource] -= units
             for k, units in old.used.items():
                 self.used[namespace][k] -= units
-            for device in self._devices.get(key, ()):
-                self._device_book(device, -1)
-            self._index_nodes(key, self._devices.get(key, ()), -1)
+            was_devices = self._devices.get(key, ())
+            self._devices_book(was_devices, -1)
+            self._index_nodes(key, was_devices, -1)
         for (node, resource), units in new.booked.items():
             self.booked[node][resource] += units
         for k, units in new.used.items():
             self.used[namespace][k] += units
-        for device in devices:
-            self._device_book(device, +1)
+        self._devices_book(devices, +1)
         self._index_nodes(key, devices, +1)
         self._contrib[key] = new
         self._devices[key] = devices
@@ -374,15 +373,25 @@ class Ledger:
                 if not on:
                     del self.sets_on[node]
 
-    def _device_book(self, device: Device, sign: int) -> None:
-        cls = self.classes.get(device.class_name)
-        if cls is None:
-            return
-        if device.phase is Phase.BOUND and device.node:
-            self.device_booked[device.node][cls.resource_name] += sign * cls.units_per_device
-        held = self.class_held.get(device.phase)
-        if held is not None:
-            held[cls.name] += sign * cls.units_per_device
+    def _devices_book(self, devices: Iterable[Device], sign: int) -> None:
+        """Count ``devices`` in (``sign`` +1) or out of (-1) the devices' bookings per node
+        and the Bound and Lost units per class."""
+        classes = self.classes
+        bound, lost = self.class_held[Phase.BOUND], self.class_held[Phase.LOST]
+        for device in devices:
+            phase = device.phase
+            if phase is Phase.PENDING:
+                continue  # books nothing and is held as nothing
+            cls = classes.get(device.class_name)
+            if cls is None:
+                continue
+            units = sign * cls.units_per_device
+            if phase is Phase.BOUND:
+                if device.node:
+                    self.device_booked[device.node][cls.resource_name] += units
+                bound[cls.name] += units
+            elif phase is Phase.LOST:
+                lost[cls.name] += units
 
 
 def build_ledger(

@@ -363,7 +363,10 @@ class Decision(models.Model):
 
     NAMESPACE_LOOKUP = "namespace"
 
-    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="decisions")
+    #: No constraint in the database: only a pass writes decisions, with the PassRun it
+    #: inserted in the same transaction, and checking 26k rows of a large pass at commit
+    #: cost more than writing them. Deleting a PassRun still deletes its decisions (the ORM).
+    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="decisions", db_constraint=False)
     namespace = models.CharField(max_length=63)
     vm_name = models.CharField(max_length=253)
     device_name = models.CharField(max_length=253)

@@ -1,5 +1,5 @@
-"""The device table's indexes: what a pass binding many devices must maintain, and what the
-lookups by phase still find through an index."""
+"""What a pass binding many devices writes: the device table's indexes (what each bound
+device costs, and what the lookups by phase still find through an index) and its decisions."""
 
 from __future__ import annotations
 
@@ -54,3 +54,20 @@ def test_lost_and_pending_devices_are_looked_up_through_the_phase_index() -> Non
             cursor.execute("SET LOCAL enable_seqscan = off")
             plan = query.explain()
         assert "device_unbound_idx" in plan, plan
+
+
+@pytest.mark.django_db
+def test_a_pass_run_deleted_takes_its_decisions_with_it() -> None:
+    """The database does not check a decision's pass_run (a pass writes both in one
+    transaction); deleting a PassRun through the ORM still deletes its decisions."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    runs = [models.PassRun.objects.create(kind=models.PassKind.FULL, started=now) for _ in range(2)]
+    for run in runs:
+        models.Decision.objects.create(
+            pass_run=run, namespace="t1", vm_name="vm", device_name="vm-gpu0", from_phase="Pending", from_node="",
+            to_phase="Bound", to_node="n1", reason="bound", created=now,
+        )  # fmt: skip
+    runs[0].delete()
+    assert list(models.Decision.objects.values_list("pass_run_id", flat=True)) == [runs[1].pk]

@@ -342,9 +342,10 @@ class PassState:
         devices: list[Device] = []
         changes: list[Change] = []
         for key in sorted(self._before):
-            original = {d.key: d for d in self._before[key]}
+            # Members of one set share its namespace: by name is by key.
+            original = {d.name: d for d in self._before[key]}
             for device in self.members(key):
-                before = original[device.key]
+                before = original[device.name]
                 if device is before:
                     continue
                 if (before.phase, before.node) == (device.phase, device.node):

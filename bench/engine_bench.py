@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import random
 import resource
 import statistics
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from binder.engine import Cluster, Device, GpuClass, Node, Pod, Vmi, full_pass
+from binder.engine import Cluster, Device, GpuClass, Node, PassResult, Pod, Vmi, full_pass
 
 CLASSES = (
     GpuClass("h100", "nvidia.com/GH100_H100_SXM5_80GB"),
@@ -66,6 +67,18 @@ def synthetic(nodes: int, sets: int, tenants: int, seed: int, alternatives_share
     )
 
 
+def placement_hash(result: PassResult) -> str:
+    """A short hash of what a pass decided (every written device and every decision, in
+    key order): two engines that place alike print the same one."""
+    digest = hashlib.sha256()
+    for device in sorted(result.devices, key=lambda d: d.key):
+        digest.update(repr(device).encode())
+    for change in sorted(result.changes, key=lambda c: (c.namespace, c.name)):
+        digest.update(repr(change).encode())
+    digest.update(repr(sorted(result.counts.items())).encode())
+    return digest.hexdigest()[:16]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -93,6 +106,7 @@ def main() -> None:
         times.append(time.perf_counter() - start)
         assert not again.changes, "steady state changed placement"
     bound = result.counts["bound"]
+    print(f"placement hash: {placement_hash(result)}")
     print("| nodes | devices | sets bound | bind pass | sets/s | process max RSS MiB | steady median | steady max |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import hashlib
 import io
 import json
 import sys
@@ -122,8 +123,9 @@ def class_of(model: str) -> str:
 
 def replay(
     nodes: Sequence[tuple[str, str, int]], orders: Sequence[tuple[str, Task]], mode: str
-) -> dict[str, float | int]:
-    """Run the orders through the engine in batches of ~1% of capacity; the figures."""
+) -> tuple[dict[str, float | int], str]:
+    """Run the orders through the engine in batches of ~1% of capacity; the figures, and a
+    hash of where every order ended (two engines that place alike print the same one)."""
     capacity: dict[str, int] = defaultdict(int)
     for _, model, gpus in nodes:
         capacity[model] += gpus
@@ -173,11 +175,15 @@ def replay(
         engine_s += time.perf_counter() - started
         pending = {key for key in scope if any(d.phase is not Phase.BOUND for d in ledger.devices(key))}
     bound = sum(units for resource_units in ledger.device_booked.values() for units in resource_units.values())
+    digest = hashlib.sha256()
+    for key, _ in orders:
+        for device in ledger.devices((NAMESPACE, key)):
+            digest.update(f"{device.name} {device.phase} {device.node} {device.class_name} {device.reason}\n".encode())
     return {
         "allocated_pct": round(100.0 * bound / total, 2),
         "refused": len(pending),
         "engine_s": round(engine_s, 3),
-    }
+    }, digest.hexdigest()[:16]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -206,17 +212,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{len(nodes)} nodes, {capacity} GPUs; {len(tasks)} whole-GPU tasks "
         f"({sum(t.gpus for t in tasks)} GPUs), {with_models} naming several models"
     )
-    print(f"{'demand':>6}  {'mode':<13} {'allocated':>9} {'refused':>8} {'engine s':>9}")
+    print(f"{'demand':>6}  {'mode':<13} {'allocated':>9} {'refused':>8} {'engine s':>9}  placement hash")
     figures: dict[str, dict[str, dict[str, float | int]]] = {}
     for token, level in zip(tokens, levels, strict=True):
         orders = demand_list(tasks, round(level * capacity))
         row: dict[str, dict[str, float | int]] = {}
         for mode in MODES:
-            result = replay(nodes, orders, mode)
+            result, placed = replay(nodes, orders, mode)
             row[mode] = result
             print(
                 f"{token:>6}  {mode:<13} {result['allocated_pct']:>8.2f}% {result['refused']:>8} "
-                f"{result['engine_s']:>9.3f}"
+                f"{result['engine_s']:>9.3f}  {placed}"
             )
         figures[token] = row
     if args.json:

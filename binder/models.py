@@ -141,7 +141,8 @@ class GpuDevice(models.Model):
 
     NAMESPACE_LOOKUP = "namespace__name"
 
-    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices")
+    #: No index of its own: ``uniq_device_per_namespace`` and ``device_set_idx`` begin with it.
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices", db_index=False)
     name = models.CharField(max_length=253)
     class_name = models.CharField(max_length=253)
     alternative_class_names = models.JSONField(
@@ -183,7 +184,9 @@ class GpuDevice(models.Model):
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_device_per_namespace")]
         indexes = [
             models.Index(fields=["namespace", "vm_name"], name="device_set_idx"),
-            models.Index(fields=["phase"], name="device_phase_idx"),
+            # Pending and Lost devices only: binding a device (the bulk of a pass's writes)
+            # then adds no entry to it, and what is looked up by phase is Lost or Pending.
+            models.Index(fields=["phase"], name="device_unbound_idx", condition=~models.Q(phase=Phase.BOUND)),
             models.Index(fields=["node"], name="device_node_idx"),
         ]
 
@@ -360,7 +363,10 @@ class Decision(models.Model):
 
     NAMESPACE_LOOKUP = "namespace"
 
-    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="decisions")
+    #: No constraint in the database: only a pass writes decisions, with the PassRun it
+    #: inserted in the same transaction, and checking 26k rows of a large pass at commit
+    #: cost more than writing them. Deleting a PassRun still deletes its decisions (the ORM).
+    pass_run = models.ForeignKey(PassRun, on_delete=models.CASCADE, related_name="decisions", db_constraint=False)
     namespace = models.CharField(max_length=63)
     vm_name = models.CharField(max_length=253)
     device_name = models.CharField(max_length=253)

@@ -456,3 +456,65 @@ def test_over_booked_node_keeps_the_set_whose_vm_runs_there() -> None:
     result = full_pass(c)
     assert placement(result, c, "newer") == {(e.Phase.BOUND, "n1")}
     assert placement(result, c, "older") == {(e.Phase.BOUND, "n2")}
+
+
+# -- the pass's fast paths give what the general ones give ----------------------------------------
+
+
+def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
+    # Every field set to a value of its own, so a field Device.placed forgot to carry (or a
+    # new field it does not know yet) shows as a difference.
+    device = e.Device(
+        namespace="t1",
+        name="vm-gpu0",
+        class_name="h100",
+        vm_name="vm",
+        phase=e.Phase.LOST,
+        node="",
+        since=NOW - timedelta(days=2),
+        reason="lost: earlier",
+        bind_request="req-2",
+        answered_request="req-1",
+        answer="refused: earlier",
+        created=NOW - timedelta(days=3),
+        bind_node_selector={"zone": "a"},
+        choices=("h100", "a10"),
+    )
+    assert {f.name for f in dataclasses.fields(e.Device)} == {
+        "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
+        "answered_request", "answer", "created", "bind_node_selector", "choices",
+    }  # fmt: skip
+    moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
+    assert moved == dataclasses.replace(
+        device, class_name="a10", phase=e.Phase.BOUND, node="n1", since=NOW, reason="bound: here"
+    )
+    answered = device.placed(
+        device.class_name, device.phase, device.node, device.since, device.reason, answered_request="req-2", answer="x"
+    )
+    assert answered == dataclasses.replace(device, answered_request="req-2", answer="x")
+
+
+def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:
+    from binder.engine.pass_state import PassState
+
+    running = order("t1", "running", 2)
+    vmi = vmi_obj("t1", "running", [d.name for d in running], {"uid-1": "n1"}, "n1")
+    c = cluster(
+        *held("t1", "old", 3, "n1"),
+        *order("t1", "new", 2),
+        *order("t1", "mixed", 1, cls="a10"),
+        *order("t1", "ghost", 1, cls="missing"),
+        *held("t2", "lost", 2, ""),
+        *order("t2", "lost", 1),
+        *running,
+        nodes=(node("n1", {H100: 8, A10: 4}),),
+        vmis=(engine(vmi),),
+        pods=(engine(launcher_obj(vmi, H100, 2, "n1", uid="uid-1")), engine(plain_pod_obj("t1", "raw", H100, 1, "n1"))),
+        budgets=(budget("t1", {"h100": 5, H100: 6, "a10": 0}), budget("t2", {H100: 2})),
+    )
+    run = PassState(c)
+    for key in sorted({d.set_key for d in c.devices}):
+        members = run.members(key)
+        for names in ({d.name for d in members}, {d.name for d in members[:1]}, set()):
+            candidate = run._bound_on(members, "-", names)
+            assert run.held_refusal(key, members, names) == run.budget_refusal(key, candidate), (key, names)

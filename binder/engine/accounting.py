@@ -249,6 +249,35 @@ class Ledger:
                 booked[slot] = booked.get(slot, 0) + units
         return Contribution(booked=booked, used=used)
 
+    def used_delta(self, key: SetKey, devices: Iterable[Device]) -> dict[str, int]:
+        """What the tenant of ``key`` would use more per key (negative: less) if its devices
+        were ``devices``: the ``used`` half of :meth:`delta`, without the bookings."""
+        members = tuple(devices)
+        used: dict[str, int] = {}
+        classes = self.classes
+        for device in members:
+            if device.phase is Phase.PENDING:
+                continue
+            cls = classes.get(device.class_name)
+            if cls is None:
+                continue
+            units = cls.units_per_device
+            used[cls.name] = used.get(cls.name, 0) + units
+            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
+        for pod, vmi in self.launcher_pods.get(key, ()):
+            for resource, units in raw_usage(pod, vmi, members, classes).budget.items():
+                used[resource] = used.get(resource, 0) + units
+        return self.used_delta_from(key, used)
+
+    def used_delta_from(self, key: SetKey, used: dict[str, int]) -> dict[str, int]:
+        """``used`` (what set ``key`` would use, key -> units; changed in place) less what it
+        uses now."""
+        old = self._contrib.get(key)
+        if old is not None:
+            for k, units in old.used.items():
+                used[k] = used.get(k, 0) - units
+        return used
+
     def delta(self, key: SetKey, devices: Iterable[Device]) -> Delta:
         """New contribution minus the current one."""
         new = self.contribution(key, devices)
@@ -274,15 +303,14 @@ class Ledger:
                 self.booked[node][resource] -= units
             for k, units in old.used.items():
                 self.used[namespace][k] -= units
-            for device in self._devices.get(key, ()):
-                self._device_book(device, -1)
-            self._index_nodes(key, self._devices.get(key, ()), -1)
+            was_devices = self._devices.get(key, ())
+            self._devices_book(was_devices, -1)
+            self._index_nodes(key, was_devices, -1)
         for (node, resource), units in new.booked.items():
             self.booked[node][resource] += units
         for k, units in new.used.items():
             self.used[namespace][k] += units
-        for device in devices:
-            self._device_book(device, +1)
+        self._devices_book(devices, +1)
         self._index_nodes(key, devices, +1)
         self._contrib[key] = new
         self._devices[key] = devices
@@ -345,15 +373,25 @@ class Ledger:
                 if not on:
                     del self.sets_on[node]
 
-    def _device_book(self, device: Device, sign: int) -> None:
-        cls = self.classes.get(device.class_name)
-        if cls is None:
-            return
-        if device.phase is Phase.BOUND and device.node:
-            self.device_booked[device.node][cls.resource_name] += sign * cls.units_per_device
-        held = self.class_held.get(device.phase)
-        if held is not None:
-            held[cls.name] += sign * cls.units_per_device
+    def _devices_book(self, devices: Iterable[Device], sign: int) -> None:
+        """Count ``devices`` in (``sign`` +1) or out of (-1) the devices' bookings per node
+        and the Bound and Lost units per class."""
+        classes = self.classes
+        bound, lost = self.class_held[Phase.BOUND], self.class_held[Phase.LOST]
+        for device in devices:
+            phase = device.phase
+            if phase is Phase.PENDING:
+                continue  # books nothing and is held as nothing
+            cls = classes.get(device.class_name)
+            if cls is None:
+                continue
+            units = sign * cls.units_per_device
+            if phase is Phase.BOUND:
+                if device.node:
+                    self.device_booked[device.node][cls.resource_name] += units
+                bound[cls.name] += units
+            elif phase is Phase.LOST:
+                lost[cls.name] += units
 
 
 def build_ledger(

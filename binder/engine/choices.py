@@ -10,7 +10,6 @@ the placing, so a set with a single choice goes through exactly the code it alwa
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
 from binder.engine.types import Device
@@ -58,7 +57,8 @@ def disagreement(devices: Sequence[Device]) -> str | None:
 def reclassed(devices: Iterable[Device], names: set[str], choice: str) -> tuple[Device, ...]:
     """``devices`` with the named ones booked as class ``choice``."""
     return tuple(
-        dataclasses.replace(d, class_name=choice) if d.name in names and d.class_name != choice else d for d in devices
+        d.placed(choice, d.phase, d.node, d.since, d.reason) if d.name in names and d.class_name != choice else d
+        for d in devices
     )
 
 

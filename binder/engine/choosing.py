@@ -101,7 +101,7 @@ class ChoosingPass(PassState):
             members = reclassed(self.members(key), names, choice)
             as_choice = [d for d in members if d.name in names]
             if budget:
-                refusal = self.budget_refusal(key, self._bound_on(members, "-", names))
+                refusal = self.held_refusal(key, members, names)
                 if refusal:
                     notes.append((choice, refusal))
                     continue

@@ -229,10 +229,15 @@ def budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple
 
 def _budget_refusal(ledger: Ledger, limits: Limits, key: SetKey, candidate: tuple[Device, ...]) -> str | None:
     """``budget_refusal`` for ``candidate`` as it is (each device as its own class)."""
+    return _refusal_of(ledger, limits, key, ledger.used_delta(key, candidate))
+
+
+def _refusal_of(ledger: Ledger, limits: Limits, key: SetKey, more_used: Mapping[str, int]) -> str | None:
+    """The budget refusal of a change that adds ``more_used`` (key -> units, negative: frees)
+    to the tenant of set ``key``, or None."""
     namespace = key[0]
-    delta = ledger.delta(key, candidate)
-    for budget_key in sorted(delta.used):
-        more = delta.used[budget_key]
+    for budget_key in sorted(more_used):
+        more = more_used[budget_key]
         if more <= 0:
             continue
         limit = limits.limit(budget_key)

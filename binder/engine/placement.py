@@ -358,7 +358,7 @@ class _Pass(ChoosingPass):
         refusal = None
         if fresh:
             # Budget does not depend on the node: Bound and Lost both count.
-            refusal = self.budget_refusal(key, self._bound_on(members, "-", {d.name for d in fresh}))
+            refusal = self.held_refusal(key, members, {d.name for d in fresh})
             if not refusal:
                 node = self.place(key, held + fresh)
                 if node is not None:
@@ -409,7 +409,7 @@ class _Pass(ChoosingPass):
             self.refused.add(key)
             return
         names = {d.name for d in members}
-        refusal = self.budget_refusal(key, self._bound_on(members, "-", names))
+        refusal = self.held_refusal(key, members, names)
         if refusal:
             self.with_reason(key, names, f"pending: {refusal}")
             self.refused.add(key)
@@ -490,7 +490,15 @@ class _Pass(ChoosingPass):
                         )
                     else:
                         answer = ANSWER_REFUSED + (_first_refusal(members) or "the set is not placed")
-                    device = dataclasses.replace(device, answered_request=device.bind_request, answer=answer)
+                    device = device.placed(
+                        device.class_name,
+                        device.phase,
+                        device.node,
+                        device.since,
+                        device.reason,
+                        answered_request=device.bind_request,
+                        answer=answer,
+                    )
                     self.answered.append(device.key)
                 answered.append(device)
             self.apply(key, answered)

@@ -176,6 +176,37 @@ class Device:
     def wants_answer(self) -> bool:
         return bool(self.bind_request) and self.bind_request != self.answered_request
 
+    def placed(
+        self,
+        class_name: str,
+        phase: Phase,
+        node: str,
+        since: datetime | None,
+        reason: str,
+        answered_request: str | None = None,
+        answer: str | None = None,
+    ) -> Device:
+        """This device with the fields a pass decides (``answered_request`` and ``answer``
+        kept unless given): what ``dataclasses.replace`` gives, in half its time (a pass
+        binding 10k orders copies some 50k records). Every other field is carried over;
+        ``tests/test_engine.py`` holds the two equal for every field."""
+        return Device(
+            self.namespace,
+            self.name,
+            class_name,
+            self.vm_name,
+            phase,
+            node,
+            since,
+            reason,
+            self.bind_request,
+            self.answered_request if answered_request is None else answered_request,
+            self.answer if answer is None else answer,
+            self.created,
+            self.bind_node_selector,
+            self.choices,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:

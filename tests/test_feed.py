@@ -37,6 +37,7 @@ from binder.kube.objects import parse_object
 from binder.metrics import REGISTRY
 from binder.mirror.snapshot import load_file, load_objects
 from binder.mirror.write import clear_mirror, mirror_event, mirror_list, write_parsed
+from binder.runtime.feed import OwnWrites, own_feed_position, read_feed
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from tests.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
@@ -438,6 +439,31 @@ def test_a_pass_skips_only_its_own_writes_in_the_feed() -> None:
     record = state.records["GPU"][device.pk]
     assert record.bind_request == "req-after-the-pass"
     assert record.answered_request == "req-after-the-pass"  # and the pass answered it
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_feed_read_leaves_out_exactly_the_skipped_transactions_entries() -> None:
+    """PostgreSQL leaves a pass's own entries out in the read itself: the skipped
+    transaction's entries in the range go, an entry of that range without a transaction id
+    (an anchor) and every other writer's entries stay."""
+    load_objects(small())
+    start = top()
+    with transaction.atomic():
+        models.Node.objects.filter(name="n1").update(unschedulable=True)
+        xid, after = own_feed_position()
+        models.Node.objects.filter(name="n1").update(unschedulable=False)
+        anchor = models.Change.objects.create(kind="*", op=models.ChangeOp.ANCHOR, name="t", token="anchor-token")
+        models.Node.objects.filter(name="n1").update(unschedulable=True)
+        _, upto = own_feed_position()
+    models.Node.objects.filter(name="n1").update(unschedulable=False)  # another writer, after
+    assert xid is not None and after < anchor.position < upto
+    everything = [position for position, *_ in read_feed(start, (), 0).entries]
+    skipped = [position for position, *_ in read_feed(start, (), 0, OwnWrites(xid, after, upto)).entries]
+    own = {p for p in everything if after < p <= upto and p != anchor.position}
+    assert len(own) == 2
+    assert skipped == [p for p in everything if p not in own]
+    assert anchor.position in skipped and everything[-1] in skipped
 
 
 @pytest.mark.django_db(transaction=True)

@@ -441,12 +441,13 @@ def test_a_pass_skips_only_its_own_writes_in_the_feed() -> None:
     assert record.answered_request == "req-after-the-pass"  # and the pass answered it
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_feed_read_leaves_out_exactly_the_skipped_transactions_entries() -> None:
     """PostgreSQL leaves a pass's own entries out in the read itself: the skipped
     transaction's entries in the range go, an entry of that range without a transaction id
     (an anchor) and every other writer's entries stay."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: a pass's own entries are skipped by position alone")
     load_objects(small())
     start = top()
     with transaction.atomic():

@@ -9,13 +9,13 @@ same launcher rule, which lives in the engine).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from psycopg import adapters
 from psycopg.adapt import Buffer, Loader
@@ -66,18 +66,32 @@ KINDS: dict[str, tuple[type[Any], Callable[..., Any], tuple[str, ...]]] = {
 
 def _fetch(model: type[Any], columns: tuple[str, ...], queryset: QuerySet | None) -> Iterable[tuple[Any, ...]]:  # type: ignore[type-arg]
     """Rows as tuples. On PostgreSQL a whole table is read through psycopg's own C loaders
-    (Django wraps the timestamp and JSON loaders in Python: twice the time at 100k rows)."""
+    (Django wraps the timestamp and JSON loaders in Python: twice the time at 100k rows),
+    :data:`_BATCH` rows at a time from a server-side cursor: a million device rows fetched
+    at once held the raw result and every row tuple beside the records built from them
+    (half a gigabyte more at the peak of a start)."""
     if queryset is None and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            raw = cursor.cursor
-            raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
-            raw.adapters.register_loader("jsonb", _JsonbLoader)
-            sql = f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
-            raw.execute(sql)
-            rows: list[tuple[Any, ...]] = raw.fetchall()
-            return rows
+        return _fetch_batches(model, columns)
     queryset = queryset if queryset is not None else model.objects.all()
     return queryset.order_by().values_list(*columns).iterator(chunk_size=10000)
+
+
+_BATCH = 50_000
+
+
+def _fetch_batches(model: type[Any], columns: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
+    sql = f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
+    # A server-side cursor lives in a transaction: the caller's (a pass's), else one of its own.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        raw = cursor.cursor.connection.cursor(name=f"gpuplane_read_{model._meta.db_table}")
+        try:
+            raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
+            raw.adapters.register_loader("jsonb", _JsonbLoader)
+            raw.execute(sql)
+            while rows := raw.fetchmany(_BATCH):
+                yield from rows
+        finally:
+            raw.close()
 
 
 def read_rows(

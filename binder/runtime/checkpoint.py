@@ -23,8 +23,11 @@ rebuilds as any catch-up does.
 **Written** after each verification or rebuild (the state was just read from scratch)
 and on a clean worker shutdown, in one transaction that also replaces the reader row
 and deletes the older checkpoints: a writer killed half way leaves the previous one
-whole and usable. The data is a zlib-compressed pickle with a sha256 checksum: it is
-written and read only by this program, from its own database table.
+whole and usable. A pass on a large state saves it in the background, from a forked
+child holding the state of that instant with its feed position (see
+:func:`_save_in_child`): the passes after it do not wait for the save. The data is a
+zlib-compressed pickle with a sha256 checksum: it is written and read only by this
+program, from its own database table.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ import logging
 import operator
 import os
 import pickle
+import queue
+import signal
 import threading
 import time
 import uuid
+import warnings
 import zlib
 from typing import Any
 
@@ -112,25 +118,64 @@ class _Deflate:
 
 
 class _Inflate:
-    """The file the unpickler reads from, decompressing as it goes (see :class:`_Deflate`)."""
+    """The file the unpickler reads from, decompressing as it goes (see :class:`_Deflate`).
 
-    def __init__(self, data: bytes) -> None:
-        self._zlib = zlib.decompressobj()
-        self._data = memoryview(data)
-        self._at = 0
+    A thread decompresses ahead (zlib lets go of the GIL while it inflates), so a start
+    spends the decompression (about a second at 1M devices) beside the unpickling, not
+    before it; at most :data:`_AHEAD` chunks wait, so the whole pickle never exists at once.
+    """
+
+    _AHEAD = 8
+    _CHUNK = 1 << 22
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self._chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(self._AHEAD)
+        self._stopped = threading.Event()
+        self._done = False
         self._buffer = bytearray()
         self._pos = 0
+        self._thread = threading.Thread(target=self._inflate, args=(data,), name="gpuplane-inflate", daemon=True)
+        self._thread.start()
+
+    def _inflate(self, data: bytes | memoryview) -> None:
+        try:
+            inflater = zlib.decompressobj()
+            view = memoryview(data)
+            at = 0
+            while (at < len(view) or inflater.unconsumed_tail) and not self._stopped.is_set():
+                chunk = inflater.unconsumed_tail or view[at : at + (1 << 20)]
+                if not inflater.unconsumed_tail:
+                    at += len(chunk)
+                self._put(inflater.decompress(chunk, self._CHUNK))
+            self._put(inflater.flush())
+            self._put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException | None) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._thread.join()
 
     def _fill(self, wanted: int) -> None:
-        while len(self._buffer) - self._pos < wanted and (self._at < len(self._data) or self._zlib.unconsumed_tail):
-            del self._buffer[: self._pos]
-            self._pos = 0
-            chunk = self._zlib.unconsumed_tail or self._data[self._at : self._at + (1 << 20)]
-            if not self._zlib.unconsumed_tail:
-                self._at += len(chunk)
-            self._buffer += self._zlib.decompress(chunk, 1 << 22)
-        if self._at >= len(self._data) and not self._zlib.unconsumed_tail and len(self._buffer) - self._pos < wanted:
-            self._buffer += self._zlib.flush()
+        while len(self._buffer) - self._pos < wanted and not self._done:
+            item = self._chunks.get()
+            if item is None:
+                self._done = True
+            elif isinstance(item, BaseException):
+                self._done = True
+                raise item
+            else:
+                del self._buffer[: self._pos]
+                self._pos = 0
+                self._buffer += item
 
     def read(self, size: int = -1) -> bytes:
         self._fill(size if size >= 0 else 1 << 62)
@@ -138,6 +183,12 @@ class _Inflate:
         out = bytes(self._buffer[self._pos : end])
         self._pos += len(out)
         return out
+
+    def readinto(self, target: Any) -> int:
+        view = memoryview(target).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def readline(self) -> bytes:
         while True:
@@ -150,9 +201,13 @@ class _Inflate:
                 return self.read()
 
 
-def _loads(data: bytes) -> Any:
+def _loads(data: bytes | memoryview) -> Any:
     # Our own table, written by save() above; the checksum was checked first.
-    return pickle.Unpickler(_Inflate(data)).load()  # noqa: S301
+    source = _Inflate(data)
+    try:
+        return pickle.Unpickler(source).load()  # noqa: S301
+    finally:
+        source.close()
 
 
 def _dumps(payload: dict[str, Any]) -> bytes:
@@ -288,6 +343,9 @@ class _Saving:
 
 _saving: _Saving | None = None
 _saving_lock = threading.Lock()
+#: A child still saving after this long is ended (by an alarm of its own): the previous
+#: checkpoint stays, and the next save can start.
+CHILD_SECONDS = 900
 #: In a child: the worker's database connections, kept referenced (never closed) until it exits.
 _inherited: list[Any] = []
 
@@ -340,7 +398,13 @@ def _save_in_child(state: ClusterState, why: str) -> None:
                 models.FeedReader.objects.create(worker=hold, **values)
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # "This process is multi-threaded, use of fork() may lead to deadlocks in the
+                # child": the child takes no lock another thread may hold (it pickles, logs,
+                # whose locks are reset at a fork, and opens a connection of its own), and an
+                # alarm ends it if it ever hangs (see _child).
+                warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:  # pragma: no cover - the child process (its effects are tested)
                 _child(state, why, meta, hold)
         _saving = _Saving(pid=pid, why=why, position=meta.position, hold=hold, reaper=threading.Thread())
@@ -385,6 +449,9 @@ def _child(state: ClusterState, why: str, meta: _Meta, hold: str) -> None:  # pr
         from django.db import connections
 
         gc.disable()  # the state holds no cycles; the parent froze it for the same reason
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+            signal.signal(signum, signal.SIG_DFL)  # not the worker's handlers: a signal ends the child
+        signal.alarm(CHILD_SECONDS)
         for conn in connections.all(initialized_only=True):
             if conn.connection is not None:
                 _inherited.append(conn.connection)  # the worker's session: never closed from here
@@ -457,7 +524,7 @@ def _refusal(row: models.Checkpoint | None) -> tuple[str, Any]:
             "(GPUPLANE_FEED_RETENTION_SECONDS): entries after it may have been pruned",
             None,
         )
-    data = bytes(row.data)
+    data = row.data  # bytes or a view of them: hashed and inflated in place, never copied
     if hashlib.sha256(data).hexdigest() != row.checksum:
         return f"checkpoint {row.pk} is corrupt (checksum mismatch)", None
     try:

@@ -3,7 +3,8 @@
 - A whole-table read on PostgreSQL comes in batches from a server-side cursor: with a
   batch of two rows it yields every row once, inside a pass's transaction and outside
   any transaction (the read model builds in autocommit), and leaves no transaction open.
-- The records are those of the ORM read (``read_cluster`` through Django), jsonb included.
+- The records are those of the ORM read (``read_cluster`` through Django), jsonb included;
+  a catch-up reads just the rows it names (one array query per batch on PostgreSQL).
 - The ledger a state builds from the sets it keeps equals ``build_ledger`` of its records.
 - Node label keys and values, and the strings records share by the thousand, are interned.
 """
@@ -120,3 +121,17 @@ def test_strings_records_share_are_interned() -> None:
             assert n1.labels[key] is n2.labels[key]
     pods = list(state.records["Pod"].values())
     assert pods[0].phase is pods[1].phase
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("batches_of_two")
+def test_a_catch_up_reads_just_the_rows_named_in_batches() -> None:
+    load_objects(cluster())
+    run_pass(models.PassKind.FULL, ClusterState())
+    model, _, fields = read.KINDS["GPU"]
+    columns = ("id", "name", "namespace_id", *fields)
+    wanted = sorted(model.objects.filter(name__in=["g0", "g3", "g6", "x0"]).values_list("id", flat=True))
+    rows = list(read.fetch_ids(model, columns, [*wanted, 10**9]))  # an id gone: no row
+    assert sorted(r[0] for r in rows) == wanted
+    orm = {r[0]: r for r in model.objects.filter(id__in=wanted).values_list(*columns)}
+    assert {r[0]: tuple(r) for r in rows} == orm

@@ -94,6 +94,32 @@ def _fetch_batches(model: type[Any], columns: tuple[str, ...]) -> Iterator[tuple
             raw.close()
 
 
+def fetch_ids(model: type[Any], columns: tuple[str, ...], ids: list[int]) -> Iterator[tuple[Any, ...]]:
+    """The rows ``ids`` of ``model`` as tuples of ``columns`` (a catch-up re-reading what
+    the feed named). On PostgreSQL one ``id = ANY(array)`` query per 50k ids through the C
+    loaders: the ORM's ``id IN (...)`` of 5,000 parameters is parsed again by psycopg for
+    every chunk (seconds for the 260k devices 100k new orders write) and its loaders are
+    Python."""
+    if connection.vendor != "postgresql":
+        for i in range(0, len(ids), _IN_CHUNK):
+            yield from model.objects.filter(id__in=ids[i : i + _IN_CHUNK]).order_by().values_list(*columns)
+        return
+    sql = (
+        f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
+        " WHERE id = ANY(%s)"
+    )
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
+        raw.adapters.register_loader("jsonb", _JsonbLoader)
+        for i in range(0, len(ids), _BATCH):
+            raw.execute(sql, [ids[i : i + _BATCH]])
+            yield from raw.fetchall()
+
+
+_IN_CHUNK = 5000
+
+
 def read_rows(
     kind: str,
     namespaces: Iterable[str] | None = None,

@@ -31,7 +31,7 @@ from binder import models
 from binder.engine import Ledger
 from binder.engine import types as e
 from binder.engine.placement import NodeCache
-from binder.mirror.read import KINDS, read_rows
+from binder.mirror.read import KINDS, fetch_ids, read_rows
 from binder.runtime.feed import FeedCursor, FeedGap, FeedRead, OwnWrites
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 SetKey = tuple[str, str]
 #: The engine kinds, in the order a rebuild reads them.
 ENGINE_KINDS = ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod")
-_CHUNK = 5000
 
 
 @dataclass(slots=True)
@@ -206,10 +205,9 @@ class MirrorState:
         width = 3 if namespaced else 2
         found: dict[int, Any] = {}
         ordered = sorted(ids)
-        for i in range(0, len(ordered), _CHUNK):
-            for row in model.objects.filter(id__in=ordered[i : i + _CHUNK]).order_by().values_list(*columns):
-                namespace = self.namespaces.get(row[2], "") if namespaced else ""
-                found[row[0]] = convert(namespace, row[1], *row[width:])
+        for row in fetch_ids(model, columns, ordered):
+            namespace = self.namespaces.get(row[2], "") if namespaced else ""
+            found[row[0]] = convert(namespace, row[1], *row[width:])
         catch.rows_read += len(found)
         table = self.records[kind]
         changed = False

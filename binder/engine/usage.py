@@ -19,7 +19,8 @@ from __future__ import annotations
 import enum
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from binder.engine.launcher import VmiLookup, raw_usage_of
 from binder.engine.types import Device, GpuClass, Phase, Pod
@@ -65,6 +66,12 @@ class Holding:
     def subject_key(self) -> tuple[str, str, str, str, str]:
         """Who holds what: at most one open record per subject and resource."""
         return (self.namespace, self.subject_kind.value, self.subject, self.subject_uid, self.resource_name)
+
+
+#: A holding's sort key: its fields in order, the order ``order=True`` defines, as one
+#: tuple built in C. Sorting a million holdings through the generated ``__lt__`` took
+#: 16M Python calls (a third of a worker's start from scratch at 1M devices).
+HOLDING_ORDER = attrgetter(*(f.name for f in fields(Holding)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +200,9 @@ def holdings(
 ) -> tuple[Holding, ...]:
     """Everything held now, sorted: devices' holdings and pods' raw holdings."""
     members = tuple(devices)
-    return tuple(sorted(device_holdings(members, classes) + pod_holdings(pods, members, classes, find_vmi)))
+    return tuple(
+        sorted(device_holdings(members, classes) + pod_holdings(pods, members, classes, find_vmi), key=HOLDING_ORDER)
+    )
 
 
 def reconcile_usage(open_records: Iterable[OpenRecord], current: Iterable[Holding]) -> UsagePlan:
@@ -210,5 +219,5 @@ def reconcile_usage(open_records: Iterable[OpenRecord], current: Iterable[Holdin
             wanted[record.holding] -= 1
         else:
             close.append(record.id)
-    opening = sorted(holding for holding, count in wanted.items() for _ in range(count))
+    opening = sorted((holding for holding, count in wanted.items() for _ in range(count)), key=HOLDING_ORDER)
     return UsagePlan(close=tuple(close), open=tuple(opening))

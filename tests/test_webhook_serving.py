@@ -336,16 +336,24 @@ def test_the_access_log_is_off_unless_asked_for(tmp_path: Path, migrated: Path, 
     if logged is not None:
         env["GPUPLANE_WEBHOOK_ACCESS_LOG"] = logged
     plain = review(new_vmi("victim", "plain-vm", []))
+    path = tmp_path / "webhook-server.log"
+
+    def lines() -> list[str]:
+        return [line for line in path.read_text().splitlines() if "/webhooks/vmi" in line]
+
     with webhook_server(env, tmp_path) as url:
         for _ in range(3):
             status, body = _post(url, plain, None, {})
             assert status == 200 and body["response"]["allowed"] is True
-    log = (tmp_path / "webhook-server.log").read_text()
-    lines = [line for line in log.splitlines() if "/webhooks/vmi" in line]
+        # granian writes its line after the answer is sent: give it time to appear.
+        deadline = time.monotonic() + 20
+        while logged is not None and len(lines()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    log = path.read_text()
     if logged is None:
-        assert lines == [], log
+        assert lines() == [], log
     else:
-        assert len(lines) == 3 and all("POST" in line for line in lines), log
+        assert len(lines()) == 3 and all("POST" in line for line in lines()), log
 
 
 @pytest.mark.parametrize(

@@ -345,11 +345,12 @@ def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
     classes = {c.name: c for c in view.classes}
     devices = view.index().by_name
     resources = {}
+    wanted = []
     for name in review.device_names:
         cls = classes[devices[name].class_name]
         resources[name] = (cls.resource_name, cls.units_per_device)
+        wanted.append(cls)
     hostname = found.labels.get(HOSTNAME_LABEL) if found is not None else None
-    wanted = [classes[devices[name].class_name] for name in review.device_names]
     ops = build_patch(
         review.vmi,
         node,

@@ -217,6 +217,18 @@ def bind_and_wait(
     if wait <= 0:
         # No time left to wait for anything: write nothing, answer at once.
         return timed_out(review, 0.0)
+    limit = settings.GPUPLANE_WEBHOOK_MAX_WAITING
+    if not ANSWER_READS.enter(limit):
+        # Every call from here on holds a thread until the binder answers: shed at once, write nothing.
+        return admission.too_many_waiting(review, limit)
+    try:
+        return _bind(review, view, names, deadline, wait)
+    finally:
+        ANSWER_READS.leave()
+
+
+def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: float, wait: float) -> Verdict:
+    """:func:`bind_and_wait` once the call holds a place among the waiting ones."""
     joined = inflight_request(review, names, wait)
     request_id = joined or uuid.uuid4().hex
     listener = listening()
@@ -378,12 +390,25 @@ class AnswerReads:
     def __init__(self) -> None:
         self._flight = threading.Condition()
         self._waiting: Counter[tuple[str, tuple[str, ...]]] = Counter()
+        self._calls = 0
         self._running = False
         self._started = 0
         self._finished = 0
         self._epoch = -1
         self._included: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
         self._rows: dict[tuple[str, str], Row] = {}
+
+    def enter(self, limit: int) -> bool:
+        """Count one more call waiting for the binder, unless ``limit`` (0: none) are already."""
+        with self._flight:
+            if limit and self._calls >= limit:
+                return False
+            self._calls += 1
+            return True
+
+    def leave(self) -> None:
+        with self._flight:
+            self._calls -= 1
 
     @contextlib.contextmanager
     def waiting(self, namespace: str, names: tuple[str, ...]) -> Iterator[None]:

@@ -290,6 +290,15 @@ def timed_out(review: Review, seconds: float) -> Verdict:
     )
 
 
+def too_many_waiting(review: Review, limit: int) -> Verdict:
+    """This process already holds ``limit`` calls waiting for the binder: shed this one at once."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: the webhook is already waiting for the binder on {limit} "
+        "calls, as many as it holds at once (GPUPLANE_WEBHOOK_MAX_WAITING); try again",
+    )
+
+
 def set_changed(review: Review) -> Verdict:
     """The set's rows changed between the decision and the bind-request write."""
     return _deny(
@@ -392,4 +401,5 @@ __all__ = [
     "response",
     "scheduling_conflict",
     "timed_out",
+    "too_many_waiting",
 ]

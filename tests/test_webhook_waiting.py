@@ -14,8 +14,10 @@ and the patch encoding that answers them.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +27,7 @@ from django.test import Client
 
 from binder import models
 from binder.mirror.snapshot import load_objects
+from binder.runtime.readmodel import ReadModel
 from tests.factories import new_vmi, review
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 from tests.webhook_calls import allowed_patch, denied, post
@@ -161,3 +164,16 @@ def test_the_patch_encodes_what_orjson_refuses_and_escapes_pointers() -> None:
     ]
     plain = [{"op": "replace", "path": "/spec/domain/devices/gpus", "value": [{"name": "gpu0", "deviceName": "é"}]}]
     assert json.loads(base64.b64decode(encode_patch(plain))) == plain
+
+
+def test_a_built_read_model_is_left_out_of_the_garbage_collectors_full_collections() -> None:
+    """Its records are frozen (``gc.freeze``) once built: a full collection no longer walks
+    them, and a record the model lets go of is still freed."""
+    _cluster()
+    model = ReadModel("gc-test")
+    gc.unfreeze()
+    model.current()
+    assert gc.get_freeze_count() > 0
+    probe = weakref.ref(model)
+    del model
+    assert probe() is None  # let go of: freed by reference counting, frozen or not

@@ -240,13 +240,15 @@ def advisory_budget_refusal(view: MirrorView, key: tuple[str, str], members: Seq
     and Lost members already count, so only Pending ones can add usage.
     """
     namespace = key[0]
+    limits = effective_limits((b for b in view.budgets if b.namespace == namespace), view.default_budget)
+    if not limits.per_key and not limits.deny_rest:
+        return None  # no limit on any key: nothing to exceed, no ledger to build
     ledger = build_ledger(
         classes=view.classes,
         devices=(d for d in view.devices if d.namespace == namespace),
         pods=(p for p in view.pods if p.namespace == namespace),
         vmis=(v for v in view.vmis if v.namespace == namespace),
     )
-    limits = effective_limits((b for b in view.budgets if b.namespace == namespace), view.default_budget)
     candidate = tuple(
         dataclasses.replace(d, phase=Phase.BOUND, node="-") if d.phase is Phase.PENDING else d
         for d in sorted(members, key=lambda d: d.key)

@@ -5,8 +5,8 @@ database (``bench/cluster_bench.py`` generates one; this bench never does), it s
 real parts as subprocesses: the webhook server (deploy/webhook_server.py; 2 workers x 26
 threads, plain HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
 Redis database 12 under a key prefix of its own. Then it times ``POST /webhooks/vmi``
-calls (AdmissionReviews built from the real fixtures by ``tests.factories``, as the webhook tests do)
-for:
+calls (AdmissionReviews built from the real fixtures by ``tests.factories``, as the webhook tests do;
+each client thread keeps one keep-alive connection, as the kube-apiserver does) for:
 
 * Bound sets: existing sets Bound on one node; the webhook reads the namespace's slice
   of the mirror and answers with the pinning patch, no binder involved;
@@ -17,7 +17,8 @@ for:
 each idle and again while a separate process runs full passes back to back (passes
 serialize on the advisory lock, so this models a busy binder). Each case prints calls/s
 and the server's CPU per call (user + system time of the webhook server's processes over
-the case, from /proc, divided by its calls). Before the server starts, one read model is
+the case, from /proc, divided by its calls), and the cores the server and the client
+threads (this process) used. Before the server starts, one read model is
 built in a fresh process: its build time and the memory it added; the web processes'
 resident memory is read again after the run.
 

@@ -347,6 +347,7 @@ def run_case(
         "server_cores": cpu / wall if server else None,
         "client_cores": own / wall,
         "messages": messages[:5],
+        "http_5xx": sum(1 for r in results if r[1] == "error" and r[2].startswith("HTTP 5")),
         **outcome,
     }
     print(
@@ -474,7 +475,7 @@ def main() -> None:
             stop(worker)
             log = (var / "webhook-server.log").read_text() if (var / "webhook-server.log").exists() else ""
             server_log["LISTEN fallbacks (polling)"] = log.count("polling for bind answers")
-            server_log["HTTP 500s"] = log.count('" 500 ')
+            server_log["HTTP 5xx answers"] = sum(c["http_5xx"] for c in cases)
             deleted = delete_inserted()
             run_pass("full")  # re-settle the class and budget status
             for key in broker.scan_iter(match=key_prefix + "*"):

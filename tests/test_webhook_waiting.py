@@ -59,7 +59,7 @@ def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_i
     _answer("t1", ["vm1-gpu0"], "r1", "bound: n1")
     reads = binding.AnswerReads()
     with reads.waiting("t0", ("vm0-gpu0", "vm0-gpu1")), reads.waiting("t1", ("vm1-gpu0", "vm1-gpu1")):
-        rows = binding._read_rows(sorted(reads._waiting))
+        rows = binding._read_rows(reads._waiting.values())
         assert set(rows) == {("t0", "vm0-gpu0"), ("t0", "vm0-gpu1"), ("t1", "vm1-gpu0"), ("t1", "vm1-gpu1")}
         assert rows[("t0", "vm0-gpu0")] == ("vm0", "r0", "r0", "bound: n1")
         assert rows[("t1", "vm1-gpu1")] == ("vm1", "", "", "")
@@ -177,3 +177,27 @@ def test_a_built_read_model_is_left_out_of_the_garbage_collectors_full_collectio
     probe = weakref.ref(model)
     del model
     assert probe() is None  # let go of: freed by reference counting, frozen or not
+
+
+def test_a_call_never_takes_a_read_that_began_before_it_was_registered() -> None:
+    """Two calls for one VM: the second registers after the first's read; even woken (the
+    listener's count reached), it reads again rather than take that older read."""
+    _cluster()
+    reads = binding.AnswerReads()
+    names = ("vm3-gpu0", "vm3-gpu1")
+    seen: list[dict[str, Any]] = []
+
+    def second_call() -> None:
+        try:
+            with reads.waiting("t0", names):
+                seen.append(reads.rows("t0", names, woken=-1))  # -1: the count every read without a listener records
+        finally:
+            connection.close()
+
+    with reads.waiting("t0", names):
+        assert {row[2] for row in reads.rows("t0", names).values()} == {""}
+        _answer("t0", list(names), "r3", "bound: n1")
+        thread = threading.Thread(target=second_call)
+        thread.start()
+        thread.join(timeout=30)
+    assert [{row[2] for row in rows.values()} for rows in seen] == [{"r3"}]

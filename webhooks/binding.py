@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import re
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -379,23 +379,27 @@ class AnswerReads:
     Each pass that answers wakes every waiting call (the notification does not say whose
     request it answered), and each used to read its own devices: with 25 calls waiting in
     a process that was 25 queries per pass, most of them finding nothing new. A waiting
-    call registers its devices (:meth:`waiting`); a read takes the rows of every
-    registered call in one statement, and serves every call it may (single flight, as the
-    read model's follow): a call uses a read that began after it asked, or, when the
-    listener woke it, one that began once the listener had counted that wake (the pass
-    that sent the notification had committed before it was delivered). A read that fails
-    serves no one; each call then tries its own.
+    call registers its devices (:meth:`waiting`, once its bind request is committed); a
+    read takes the rows of every registered call in one statement, and serves every call
+    it may (single flight, as the read model's follow). A call uses a read that included
+    its own registration (so began after its request was committed) and that began after
+    the call asked, or, when the listener woke the call, once the listener had counted that
+    wake (the pass that sent the notification had committed before it was delivered). A
+    read that fails serves no one; each call then tries its own.
     """
 
     def __init__(self) -> None:
         self._flight = threading.Condition()
-        self._waiting: Counter[tuple[str, tuple[str, ...]]] = Counter()
+        #: token -> (namespace, device names) of each registered call.
+        self._waiting: dict[int, tuple[str, tuple[str, ...]]] = {}
+        self._tokens = itertools.count(1)
+        self._mine = threading.local()
         self._calls = 0
         self._running = False
         self._started = 0
         self._finished = 0
         self._epoch = -1
-        self._included: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
+        self._included: frozenset[int] = frozenset()
         self._rows: dict[tuple[str, str], Row] = {}
 
     def enter(self, limit: int) -> bool:
@@ -412,52 +416,55 @@ class AnswerReads:
 
     @contextlib.contextmanager
     def waiting(self, namespace: str, names: tuple[str, ...]) -> Iterator[None]:
-        """Include these devices in every read while the block runs."""
-        key = (namespace, names)
+        """Include these devices in every read while the block runs (this thread's call)."""
+        token = next(self._tokens)
         with self._flight:
-            self._waiting[key] += 1
+            self._waiting[token] = (namespace, names)
+        outer = getattr(self._mine, "call", None)
+        self._mine.call = (token, namespace, names)
         try:
             yield
         finally:
+            self._mine.call = outer
             with self._flight:
-                self._waiting[key] -= 1
-                if self._waiting[key] <= 0:
-                    del self._waiting[key]
+                del self._waiting[token]
 
     def rows(self, namespace: str, names: tuple[str, ...], woken: int | None = None) -> dict[str, Row]:
         """The rows of ``names`` in ``namespace``, from a read that began after this call,
         or after the listener's count reached ``woken``."""
-        key = (namespace, names)
-        with self.waiting(namespace, names):
+        call = getattr(self._mine, "call", None)
+        if call is None or call[1:] != (namespace, names):
+            with self.waiting(namespace, names):
+                return self.rows(namespace, names, woken)
+        token = call[0]
+        with self._flight:
+            arrived = self._started
+            while True:
+                if token in self._included and (
+                    self._finished > arrived or (woken is not None and self._epoch >= woken)
+                ):
+                    return self._pick(namespace, names)
+                if not self._running:
+                    break
+                self._flight.wait()
+            self._running = True
+            self._started += 1
+            mine = self._started
+            wanted = dict(self._waiting)
+        ok = False
+        try:
+            listener = ANSWERS if ANSWERS.listening.is_set() else None
+            epoch = listener.count if listener is not None else -1
+            found = _read_rows(wanted.values())
+            ok = True
+        finally:
             with self._flight:
-                arrived = self._started
-                while True:
-                    if key in self._included and (
-                        self._finished > arrived or (woken is not None and self._epoch >= woken)
-                    ):
-                        return self._pick(namespace, names)
-                    if not self._running:
-                        break
-                    self._flight.wait()
-                self._running = True
-                self._started += 1
-                mine = self._started
-                wanted = sorted(self._waiting)
-            ok = False
-            try:
-                listener = ANSWERS if ANSWERS.listening.is_set() else None
-                epoch = listener.count if listener is not None else -1
-                found = _read_rows(wanted)
-                ok = True
-            finally:
-                with self._flight:
-                    self._running = False
-                    if ok:
-                        self._finished, self._epoch = mine, epoch
-                        self._included, self._rows = frozenset(wanted), found
-                    self._flight.notify_all()
-            with self._flight:
-                return {name: found[(namespace, name)] for name in names if (namespace, name) in found}
+                self._running = False
+                if ok:
+                    self._finished, self._epoch = mine, epoch
+                    self._included, self._rows = frozenset(wanted), found
+                self._flight.notify_all()
+        return {name: found[(namespace, name)] for name in names if (namespace, name) in found}
 
     def _pick(self, namespace: str, names: tuple[str, ...]) -> dict[str, Row]:
         return {name: self._rows[(namespace, name)] for name in names if (namespace, name) in self._rows}

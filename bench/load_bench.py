@@ -77,6 +77,8 @@ PREFIX = "loadbench-"  # vm names of every set and VMI this bench makes up
 CASES = ("bound", "pending", "plain")
 #: What a denial that a retry may cure says (the webhook's wording).
 TRY_AGAIN = "try again"
+#: Threads inserting the new orders' sets ahead of their calls.
+INSERTERS = 4
 
 
 # -- the real parts ------------------------------------------------------------------------
@@ -233,7 +235,8 @@ def plan(args: argparse.Namespace, tag: str, rate: float, seconds: float, rng: r
     from binder import models
     from tests.factories import new_vmi, review
 
-    total = round(rate * seconds)
+    dues = schedule(rate, seconds, args.burst_rate if tag == "run" else 0, args.burst_at, args.burst_seconds)
+    total = len(dues)
     n_pending = round(total * args.pending_share)
     n_plain = round(total * args.plain_share)
     n_bound = total - n_pending - n_plain
@@ -245,7 +248,7 @@ def plan(args: argparse.Namespace, tag: str, rate: float, seconds: float, rng: r
     plain = iter(plain_bodies(n_plain, sorted(names.values()), rng))
     calls = []
     for i, case in enumerate(cases):
-        due = i / rate
+        due = dues[i]
         if case == "bound":
             body = next(bound)
             obj = body["request"]["object"]["metadata"]
@@ -262,6 +265,18 @@ def plan(args: argparse.Namespace, tag: str, rate: float, seconds: float, rng: r
             key = (names[ns_id], vm)
             calls.append(Call(case, due, json.dumps(body).encode(), body["request"]["uid"], key, size, ns_id=ns_id))
     return calls
+
+
+def schedule(rate: float, seconds: float, burst_rate: float, burst_at: float, burst_seconds: float) -> list[float]:
+    """When each call is due (seconds from the start): ``rate`` per second for ``seconds``,
+    and, with ``burst_rate``, that rate instead from ``burst_at`` for ``burst_seconds``."""
+    if not burst_rate:
+        return [i / rate for i in range(round(rate * seconds))]
+    end = burst_at + burst_seconds
+    dues = [i / rate for i in range(round(rate * burst_at))]
+    dues += [burst_at + i / burst_rate for i in range(round(burst_rate * burst_seconds))]
+    dues += [end + i / rate for i in range(round(rate * (seconds - end)))]
+    return dues
 
 
 def read_answer(call: Call, status: int, raw: bytes) -> None:
@@ -292,7 +307,7 @@ class Load:
     """One open-loop run: every call started at its due time on the loop's clock."""
 
     def __init__(self, url: str, calls: list[Call], timeout: float, inserter: ThreadPoolExecutor, console: Any):
-        self.url = f"{url}/webhooks/vmi"
+        self.url = f"{url}/webhooks/vmi?timeout={timeout:g}s"  # the kube-apiserver appends its deadline
         self.calls = calls
         self.timeout = timeout
         self.inserter = inserter
@@ -330,15 +345,22 @@ class Load:
         return start
 
     async def insert_ahead(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Insert each Pending set ``lead`` seconds before its call (in a thread: Django ORM)."""
+        """Insert each Pending set ``lead`` seconds before its call, in the inserter threads
+        (Django ORM; several at once: one thread waiting for each commit fell behind at 100
+        new orders a second)."""
+        started = []
         for call in self.calls:
             if not call.pending:
                 continue
             delay = call.due - self.lead - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await loop.run_in_executor(self.inserter, insert_pending, call)
-            call.inserted.set_result(None)
+            started.append(asyncio.ensure_future(self._insert(loop, call)))
+        await asyncio.gather(*started)
+
+    async def _insert(self, loop: asyncio.AbstractEventLoop, call: Call) -> None:
+        await loop.run_in_executor(self.inserter, insert_pending, call)
+        call.inserted.set_result(None)
 
     async def one(self, session: Any, call: Call, loop: asyncio.AbstractEventLoop) -> None:
         import aiohttp
@@ -524,6 +546,71 @@ def reason(message: str) -> str:
     return re.sub(r"\b\d+\b", "N", message)
 
 
+def healthy(rows: list[Call], limit: float) -> bool:
+    """A window of calls the server kept up with: no errors, no "try again", p99 within ``limit``."""
+    return (
+        bool(rows)
+        and all(c.outcome in ("allowed", "denied") and TRY_AGAIN not in c.message for c in rows)
+        and pct([c.latency for c in rows], 99) <= limit
+    )
+
+
+def burst_figures(calls: list[Call], start: float, args: argparse.Namespace) -> dict[str, Any]:
+    """The overload: what the calls due during the burst got, and how long after its end
+    the server was healthy again (:func:`healthy` for every 1 s window of calls, by due
+    time, from then to the end, against twice the p99 before the burst, at least 100 ms)."""
+    begin, end = start + args.burst_at, start + args.burst_at + args.burst_seconds
+    before = [c for c in calls if c.due < begin]
+    during = [c for c in calls if begin <= c.due < end]
+    after = [c for c in calls if c.due >= end]
+    limit = max(0.1, 2 * pct([c.latency for c in before], 99)) if before else 0.1
+    shed = [c for c in during if c.outcome == "denied" and TRY_AGAIN in c.message]
+    windows: list[list[Call]] = []
+    for c in after:
+        index = int(c.due - end)
+        while len(windows) <= index:
+            windows.append([])
+        windows[index].append(c)
+    recovered: float | None = None
+    for i in range(len(windows)):
+        if all(healthy(w, limit) for w in windows[i:] if w):
+            recovered = float(i)
+            break
+
+    def cases(rows: list[Call]) -> dict[str, Any]:
+        out = {}
+        for case in ("all", *CASES):
+            mine = [c for c in rows if case in ("all", c.case)]
+            if mine:
+                out[case] = {
+                    "calls": len(mine),
+                    "allowed": sum(1 for c in mine if c.outcome == "allowed"),
+                    "try_again": sum(1 for c in mine if c.outcome == "denied" and TRY_AGAIN in c.message),
+                    "errors": sum(1 for c in mine if c.outcome == "error"),
+                    "p50": pct([c.latency for c in mine], 50),
+                    "p99": pct([c.latency for c in mine], 99),
+                }
+        return out
+
+    return {
+        "rate": args.burst_rate,
+        "at_s": args.burst_at,
+        "seconds": args.burst_seconds,
+        "healthy_p99_limit_ms": limit * 1000,
+        "before": cases(before),
+        "during": cases(during),
+        "after": cases(after),
+        "try_again_p50_ms": pct([c.latency for c in shed], 50) * 1000 if shed else None,
+        "try_again_p99_ms": pct([c.latency for c in shed], 99) * 1000 if shed else None,
+        "recovered_after_s": recovered,
+        "windows_after": [
+            {"calls": len(w), "healthy": healthy(w, limit), "p99_ms": pct([c.latency for c in w], 99) * 1000}
+            for w in windows
+            if w
+        ],
+    }
+
+
 def summarize(calls: list[Call], start: float, seconds: float) -> dict[str, Any]:
     sent = [c.sent for c in calls]
     done = [c.done for c in calls]
@@ -563,6 +650,7 @@ def summarize(calls: list[Call], start: float, seconds: float) -> dict[str, Any]
             "p95": pct(latencies, 95),
             "p99": pct(latencies, 99),
             "max": max(latencies),
+            "p99_from_send": pct([c.done - c.sent for c in rows], 99),
         }
     return out
 
@@ -611,6 +699,10 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--web-threads", type=int, default=16)
     parser.add_argument("--warmup", type=float, default=5, help="seconds of unreported load at a quarter of the rate")
+    parser.add_argument("--logs", type=Path, help="copy the server's and the worker's logs into this directory")
+    parser.add_argument("--burst-rate", type=float, default=0, help="an overload: this many calls/s for a while")
+    parser.add_argument("--burst-at", type=float, default=10, help="seconds into the run the burst starts")
+    parser.add_argument("--burst-seconds", type=float, default=5, help="how long the burst lasts")
     parser.add_argument("--skip-generate", action="store_true", help="reuse the cluster in the database")
     parser.add_argument("--keep", action="store_true", help="keep the database (default: drop it)")
     args = parser.parse_args()
@@ -665,7 +757,8 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
     broker.ping()
     rng = random.Random(args.seed)
     server = worker = None
-    inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inserter")
+    inserter = ThreadPoolExecutor(max_workers=INSERTERS, thread_name_prefix="inserter")
+    calls: list[Call] = []
     with tempfile.TemporaryDirectory(prefix="loadbench-") as tmp:
         var = Path(tmp)
         env = child_env(args, key_prefix, var)
@@ -700,6 +793,8 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
             figures["late_inserts"] = load.late_inserts
             figures["loadavg_during"] = load.loadavg
             figures["load"] = summarize(calls, start, args.duration)
+            if args.burst_rate:
+                figures["burst"] = burst_figures(calls, start, args)
             figures["idle_after_s"] = wait_idle(broker, key_prefix)
             figures["passes"] = pass_stats(since)
             figures["sent_to_binder"] = (
@@ -714,16 +809,30 @@ def run(args: argparse.Namespace, console: Any, progress_class: Any, columns: tu
         finally:
             stop(server)
             stop(worker)
-            inserter.submit(lambda: connection.close()).result()  # its own connection
+            together = threading.Barrier(INSERTERS)
+
+            def close_own() -> None:
+                together.wait(timeout=10)  # one on each inserter thread: each closes its own connection
+                connection.close()
+
+            for done in [inserter.submit(close_own) for _ in range(INSERTERS)]:
+                done.result()
             inserter.shutdown()
             log = (var / "webhook-server.log").read_text() if (var / "webhook-server.log").exists() else ""
             figures["server_log"] = {
-                "webhook calls served (access log)": log.count('"POST /webhooks/vmi '),
-                "HTTP 5xx": len(re.findall(r'" 5\d\d ', log)),
                 "LISTEN fallbacks (polling)": log.count("polling for bind answers"),
                 "tracebacks": log.count("Traceback"),
             }
             wlog = (var / "worker.log").read_text() if (var / "worker.log").exists() else ""
+            if args.logs is not None:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                (args.logs / "webhook-server.log").write_text(log)
+                (args.logs / "worker.log").write_text(wlog)
+                (args.logs / "denials.json").write_text(
+                    json.dumps(
+                        [(c.case, c.key, c.due, c.sent, c.done, c.message) for c in calls if c.outcome != "allowed"]
+                    )
+                )
             figures["worker_log"] = {"tracebacks": wlog.count("Traceback"), "errors": wlog.count("ERROR")}
             models.GpuDevice.objects.filter(vm_name__startswith=PREFIX).delete()
             for key in broker.scan_iter(match=key_prefix + "*"):
@@ -763,12 +872,13 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         f"({f['sent_to_binder']} went to the binder), {args.plain_share:.0%} no gpuplane devices."
     )
     print()
-    print("| case | calls | allowed | denied (try again) | errors | p50 | p95 | p99 | max |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| case | calls | allowed | denied (try again) | errors | p50 | p95 | p99 | max | p99 from the send |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case, r in load["cases"].items():
         print(
             f"| {case} | {r['calls']} | {r['allowed']} | {r['denied']} ({r['try_again']}) | {r['errors']} "
-            f"| {r['p50'] * ms:.0f} ms | {r['p95'] * ms:.0f} ms | {r['p99'] * ms:.0f} ms | {r['max'] * ms:.0f} ms |"
+            f"| {r['p50'] * ms:.0f} ms | {r['p95'] * ms:.0f} ms | {r['p99'] * ms:.0f} ms | {r['max'] * ms:.0f} ms "
+            f"| {r['p99_from_send'] * ms:.0f} ms |"
         )
     print()
     after = f["after"]
@@ -781,14 +891,11 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         ("offered rate (calls due / duration)", f"{load['offered_rate']:.1f}/s"),
         ("sent rate; send lag p99 / max", f"{load['sent_rate']:.1f}/s; {load['send_lag_p99_ms']:.0f} / "
          f"{load['send_lag_max_ms']:.0f} ms"),
+        ("new orders sent late because their set's insert was late", f"{f['late_inserts']}"),
         ("achieved rate (answers / first due to last answer)", f"{load['achieved_rate']:.1f}/s "
          f"(last answer at {load['last_answer_s']:.1f} s)"),
         (f"answered within the {args.duration:g} s window", f"{load['answered_in_window']}"),
         ("HTTP status", ", ".join(f"{k}: {v}" for k, v in load["status"].items())),
-        (
-            "calls the server finished (access log, warm-up and late ones included)",
-            f"{f['server_log']['webhook calls served (access log)']}",
-        ),
         ("error rate (5xx, connection errors, client timeouts)", f"{load['error_rate']:.2%} ({load['errors']})"),
         ("denied / of which 'try again'", f"{load['denied']} / {load['try_again']}"),
         ("answer passes: count, median / max", f"{passes['answer']['count']}, {fmt_ms(passes['answer'])}"),
@@ -810,6 +917,25 @@ def report(args: argparse.Namespace, f: dict[str, Any]) -> None:
     for name, value in rows:
         print(f"| {name} | {value} |")
     print()
+    if "burst" in f:
+        b = f["burst"]
+        healed = "never" if b["recovered_after_s"] is None else f"{b['recovered_after_s']:g} s"
+        print(
+            f"Burst: {b['rate']:g} calls/s from {b['at_s']:g} s for {b['seconds']:g} s; 'try again' answers "
+            f"p50 / p99: {b['try_again_p50_ms'] or 0:.0f} / {b['try_again_p99_ms'] or 0:.0f} ms; healthy again "
+            f"{healed} after the burst "
+            f"(every 1 s window from then: no errors, no 'try again', p99 <= {b['healthy_p99_limit_ms']:.0f} ms)."
+        )
+        print()
+        print("| calls due | case | calls | allowed | try again | errors | p50 | p99 |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for phase in ("before", "during", "after"):
+            for case, r in b[phase].items():
+                print(
+                    f"| {phase} the burst | {case} | {r['calls']} | {r['allowed']} | {r['try_again']} | {r['errors']} "
+                    f"| {r['p50'] * ms:.0f} ms | {r['p99'] * ms:.0f} ms |"
+                )
+        print()
     if load["reasons"]:
         print("Denial reasons:")
         for text, n in load["reasons"].items():

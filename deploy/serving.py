@@ -38,6 +38,24 @@ def positive_int(name: str, default: int) -> int:
     return value
 
 
+#: The spellings a yes/no setting takes (as ``gpuplane.settings.env_bool`` reads them).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def boolean(name: str, default: bool) -> bool:
+    """``name`` as true or false (``default`` when unset or empty)."""
+    raw = os.environ.get(name) or ""
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ServingError(f"{name}={raw!r} is not a boolean (use true or false)")
+
+
 def existing_file(name: str) -> Path | None:
     """The file ``name`` names, None when unset; a path that is not a file is an error."""
     raw = os.environ.get(name, "")

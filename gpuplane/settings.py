@@ -312,6 +312,10 @@ GPUPLANE_WATCH_SECONDS = env_int("GPUPLANE_WATCH_SECONDS", 60, minimum=1)
 #: How long the VMI webhook waits for the binder's answer (seconds, fractions allowed;
 #: keep it below the webhook's timeoutSeconds, 10 by default).
 GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimum=0.1)
+#: The most calls one web process lets wait for the binder at once (0: no limit). Each
+#: holds a server thread until answered; past the limit a new order is denied "try again"
+#: at once, writing nothing, so a flood of new orders leaves threads for the rest.
+GPUPLANE_WEBHOOK_MAX_WAITING = env_int("GPUPLANE_WEBHOOK_MAX_WAITING", 0)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
 #: Billing rates per class (or raw resource) key per GPU-hour for the usage chart's ranked
 #: table and billing CSV, e.g. "h100=2.50,a10=0.60"; the page's "rates" field overrides it.

@@ -22,6 +22,7 @@ import http.client
 import io
 import json
 import os
+import runpy
 import shutil
 import socket
 import sqlite3
@@ -40,11 +41,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from django.core.management import call_command
 
+from deploy.serving import ServingError
 from tests.factories import new_vmi, review
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
 from tests.workers import ROOT, webhook_server
 from webhooks.callers import CallerPolicy, refusal
 
+WEBHOOK_SERVER = ROOT / "deploy" / "webhook_server.py"
 TOKEN = "apiserver-token-for-tests-" + "x" * 16
 SLOW = 200
 
@@ -319,3 +322,59 @@ def test_a_call_with_no_time_left_before_the_apiservers_deadline_writes_nothing(
     # With time left (the apiserver's usual 10 s) the same call binds.
     resp = client.post("/webhooks/vmi?timeout=10s", data=body, content_type="application/json")
     assert resp.json()["response"]["allowed"] is True, resp.json()["response"]
+
+
+# -- the access log ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("logged", [None, "true"])
+def test_the_access_log_is_off_unless_asked_for(tmp_path: Path, migrated: Path, logged: str | None) -> None:
+    """Every VMI CREATE passes the webhook: by default no line per call is written; with
+    ``GPUPLANE_WEBHOOK_ACCESS_LOG=true`` each request is logged, the webhook's among them."""
+    env = _database(tmp_path, OBJECTS, migrated) | {"GPUPLANE_WEBHOOK_AUTH": "none"}
+    if logged is not None:
+        env["GPUPLANE_WEBHOOK_ACCESS_LOG"] = logged
+    plain = review(new_vmi("victim", "plain-vm", []))
+    path = tmp_path / "webhook-server.log"
+
+    def lines() -> list[str]:
+        return [line for line in path.read_text().splitlines() if "/webhooks/vmi" in line]
+
+    with webhook_server(env, tmp_path) as url:
+        for _ in range(3):
+            status, body = _post(url, plain, None, {})
+            assert status == 200 and body["response"]["allowed"] is True
+        # granian writes its line after the answer is sent: give it time to appear.
+        deadline = time.monotonic() + 20
+        while logged is not None and len(lines()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    log = path.read_text()
+    if logged is None:
+        assert lines() == [], log
+    else:
+        assert len(lines()) == 3 and all("POST" in line for line in lines()), log
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, False), ("", False), ("true", True), ("ON", True), ("1", True), ("false", False), ("no", False)],
+)
+def test_the_access_log_setting(monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: bool) -> None:
+    for name in ("GPUPLANE_TLS_CERT_FILE", "GPUPLANE_TLS_KEY_FILE", "GPUPLANE_CLUSTER", "GPUPLANE_WEBHOOK_AUTH"):
+        monkeypatch.delenv(name, raising=False)
+    if raw is None:
+        monkeypatch.delenv("GPUPLANE_WEBHOOK_ACCESS_LOG", raising=False)
+    else:
+        monkeypatch.setenv("GPUPLANE_WEBHOOK_ACCESS_LOG", raw)
+    options = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")["options"]
+    assert options()["log_access"] is expected
+
+
+def test_a_bad_access_log_setting_stops_the_server_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GPUPLANE_TLS_CERT_FILE", "GPUPLANE_TLS_KEY_FILE", "GPUPLANE_CLUSTER", "GPUPLANE_WEBHOOK_AUTH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUPLANE_WEBHOOK_ACCESS_LOG", "sometimes")
+    options = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")["options"]
+    with pytest.raises(ServingError, match=r"GPUPLANE_WEBHOOK_ACCESS_LOG='sometimes' is not a boolean"):
+        options()

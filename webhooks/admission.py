@@ -34,6 +34,7 @@ from webhooks.decision import (
     scheduling_conflict,
     set_changed,
     timed_out,
+    too_many_waiting,
 )
 from webhooks.patch import HOSTNAME_LABEL, build_patch, encode_patch, missing_tolerations
 from webhooks.review import (
@@ -84,4 +85,5 @@ __all__ = [
     "set_changed",
     "term_matches",
     "timed_out",
+    "too_many_waiting",
 ]

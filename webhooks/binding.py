@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -39,7 +40,7 @@ from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
 from binder.mirror.read import engine_settings
 from binder.mirror.write import mirror_objects
-from binder.runtime.answers import listening
+from binder.runtime.answers import ANSWERS, AnswerListener, listening
 from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
 from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
@@ -130,14 +131,24 @@ class _Joined(Exception):
     """This call joins the request in flight: nothing to write."""
 
 
+def _device_table() -> tuple[str, str]:
+    return models.GpuDevice._meta.db_table, models.Namespace._meta.db_table
+
+
 def inflight_request(review: Review, names: tuple[str, ...], wait: float) -> str | None:
     """The set's bind request still waiting for its answer, if one was written within the
     last ``wait`` seconds (an older unanswered one belongs to a call that gave up: replace it)."""
-    rows = list(
-        models.GpuDevice.objects.filter(
-            namespace__name=review.namespace, vm_name=review.name, name__in=names
-        ).values_list("bind_request", "answered_request", "bind_requested_at")
-    )
+    devices, namespaces = _device_table()
+    marks = ", ".join(["%s"] * len(names))
+    with connection.cursor() as cursor:
+        # One fixed statement (the ORM compiled a join for it on every call).
+        cursor.execute(
+            f"SELECT d.bind_request, d.answered_request, d.bind_requested_at FROM {devices} d"  # noqa: S608
+            f" JOIN {namespaces} n ON n.id = d.namespace_id"
+            f" WHERE n.name = %s AND d.vm_name = %s AND d.name IN ({marks})",
+            [review.namespace, review.name, *names],
+        )
+        rows = [(request, answered, _aware(at)) for request, answered, at in cursor.fetchall()]
     if len(rows) != len(names):
         return None
     requests = {request for request, _, _ in rows}
@@ -146,6 +157,32 @@ def inflight_request(review: Review, names: tuple[str, ...], wait: float) -> str
     if not request or any(answered == request or at is None or at < fresh_after for _, answered, at in rows):
         return None
     return request
+
+
+def _aware(value: Any) -> datetime | None:
+    """A timestamp column read with a raw cursor, as the ORM would give it (aware, UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # SQLite returns text
+        value = datetime.fromisoformat(value)
+    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+
+def _write_requests(review: Review, names: tuple[str, ...], request_id: str) -> int:
+    """Write ``request_id`` (and the VMI's nodeSelector) on the set's devices; the rows written."""
+    devices, namespaces = _device_table()
+    field = models.GpuDevice._meta.get_field("bind_node_selector")
+    selector = field.get_db_prep_value(dict(review.scheduling.node_selector), connection)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    marks = ", ".join(["%s"] * len(names))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {devices} SET bind_request = %s, bind_requested_at = %s, bind_node_selector = %s"  # noqa: S608
+            f" WHERE namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"
+            f" AND vm_name = %s AND name IN ({marks})",
+            [request_id, now, selector, review.namespace, review.name, *names],
+        )
+        return int(cursor.rowcount)
 
 
 def wait_budget(timeout: str | None) -> float:
@@ -161,7 +198,7 @@ def wait_budget(timeout: str | None) -> float:
     return max(0.0, min(wait, int(match.group(1)) - TIMEOUT_MARGIN))
 
 
-def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its failure cases
+def bind_and_wait(
     review: Review, view: MirrorView, verdict: Verdict, started: float, wait: float | None = None
 ) -> Verdict:
     """Write the bind requests (or join the one in flight), queue an answer pass and wait.
@@ -180,6 +217,18 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
     if wait <= 0:
         # No time left to wait for anything: write nothing, answer at once.
         return timed_out(review, 0.0)
+    limit = settings.GPUPLANE_WEBHOOK_MAX_WAITING
+    if not ANSWER_READS.enter(limit):
+        # Every call from here on holds a thread until the binder answers: shed at once, write nothing.
+        return admission.too_many_waiting(review, limit)
+    try:
+        return _bind(review, view, names, deadline, wait)
+    finally:
+        ANSWER_READS.leave()
+
+
+def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: float, wait: float) -> Verdict:
+    """:func:`bind_and_wait` once the call holds a place among the waiting ones."""
     joined = inflight_request(review, names, wait)
     request_id = joined or uuid.uuid4().hex
     listener = listening()
@@ -208,13 +257,7 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
                 transaction.on_commit(mark_committed)
                 queue.queue_answer_pass()
                 raise _Joined
-            written = models.GpuDevice.objects.filter(
-                namespace__name=review.namespace, vm_name=review.name, name__in=names
-            ).update(
-                bind_request=request_id,
-                bind_requested_at=timezone.now(),
-                bind_node_selector=dict(review.scheduling.node_selector),
-            )
+            written = _write_requests(review, names, request_id)
             if written != len(names):
                 raise _SetChanged
             transaction.on_commit(mark_committed)
@@ -230,10 +273,28 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
         # failed. The next full pass answers them; this call cannot wait for that.
         log.exception("answer pass for %s/%s failed", review.namespace, review.name)
         return admission.answer_pass_failed(review)
+    with ANSWER_READS.waiting(review.namespace, names):
+        return _wait(review, view, names, request_id, listener, seen, deadline, wait)
+
+
+def _wait(
+    review: Review,
+    view: MirrorView,
+    names: tuple[str, ...],
+    request_id: str,
+    listener: AnswerListener | None,
+    seen: int,
+    deadline: float,
+    wait: float,
+) -> Verdict:
+    """Read the answers until every device answered ``request_id`` (or a newer request), or
+    the deadline: first at once, then each time the listener wakes this call (or every
+    :data:`POLL_SECONDS` without one)."""
     lost: Exception | None = None
+    woken: int | None = None
     while True:
         try:
-            answers = answers_of(review, names, request_id)
+            answers = answers_of(review, names, request_id, woken)
             lost = None
         except (OperationalError, InterfaceError) as exc:
             # The connection dropped while waiting: reconnect on the next read; the
@@ -252,7 +313,7 @@ def bind_and_wait(  # noqa: C901 - write (or join), then one wait loop with its 
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
         if listener is not None:
-            seen = listener.wait(seen, min(remaining, RECHECK_SECONDS))
+            seen = woken = listener.wait(seen, min(remaining, RECHECK_SECONDS))
         else:
             time.sleep(min(remaining, POLL_SECONDS))
 
@@ -308,16 +369,148 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-def answers_of(review: Review, names: tuple[str, ...], request_id: str) -> dict[str, str] | Verdict | str | None:
+#: One device's answer columns: (vm_name, bind_request, answered_request, answer).
+Row = tuple[str, str, str, str]
+
+
+class AnswerReads:
+    """One query for the answers of every call waiting in this process, shared.
+
+    Each pass that answers wakes every waiting call (the notification does not say whose
+    request it answered), and each used to read its own devices: with 25 calls waiting in
+    a process that was 25 queries per pass, most of them finding nothing new. A waiting
+    call registers its devices (:meth:`waiting`, once its bind request is committed); a
+    read takes the rows of every registered call in one statement, and serves every call
+    it may (single flight, as the read model's follow). A call uses a read that included
+    its own registration (so began after its request was committed) and that began after
+    the call asked, or, when the listener woke the call, once the listener had counted that
+    wake (the pass that sent the notification had committed before it was delivered). A
+    read that fails serves no one; each call then tries its own.
+    """
+
+    def __init__(self) -> None:
+        self._flight = threading.Condition()
+        #: token -> (namespace, device names) of each registered call.
+        self._waiting: dict[int, tuple[str, tuple[str, ...]]] = {}
+        self._tokens = itertools.count(1)
+        self._mine = threading.local()
+        self._calls = 0
+        self._running = False
+        self._started = 0
+        self._finished = 0
+        self._epoch = -1
+        self._included: frozenset[int] = frozenset()
+        self._rows: dict[tuple[str, str], Row] = {}
+
+    def enter(self, limit: int) -> bool:
+        """Count one more call waiting for the binder, unless ``limit`` (0: none) are already."""
+        with self._flight:
+            if limit and self._calls >= limit:
+                return False
+            self._calls += 1
+            return True
+
+    def leave(self) -> None:
+        with self._flight:
+            self._calls -= 1
+
+    @contextlib.contextmanager
+    def waiting(self, namespace: str, names: tuple[str, ...]) -> Iterator[None]:
+        """Include these devices in every read while the block runs (this thread's call)."""
+        token = next(self._tokens)
+        with self._flight:
+            self._waiting[token] = (namespace, names)
+        outer = getattr(self._mine, "call", None)
+        self._mine.call = (token, namespace, names)
+        try:
+            yield
+        finally:
+            self._mine.call = outer
+            with self._flight:
+                del self._waiting[token]
+
+    def rows(self, namespace: str, names: tuple[str, ...], woken: int | None = None) -> dict[str, Row]:
+        """The rows of ``names`` in ``namespace``, from a read that began after this call,
+        or after the listener's count reached ``woken``."""
+        call = getattr(self._mine, "call", None)
+        if call is None or call[1:] != (namespace, names):
+            with self.waiting(namespace, names):
+                return self.rows(namespace, names, woken)
+        token = call[0]
+        with self._flight:
+            arrived = self._started
+            while True:
+                if token in self._included and (
+                    self._finished > arrived or (woken is not None and self._epoch >= woken)
+                ):
+                    return self._pick(namespace, names)
+                if not self._running:
+                    break
+                self._flight.wait()
+            self._running = True
+            self._started += 1
+            mine = self._started
+            wanted = dict(self._waiting)
+        ok = False
+        try:
+            listener = ANSWERS if ANSWERS.listening.is_set() else None
+            epoch = listener.count if listener is not None else -1
+            found = _read_rows(wanted.values())
+            ok = True
+        finally:
+            with self._flight:
+                self._running = False
+                if ok:
+                    self._finished, self._epoch = mine, epoch
+                    self._included, self._rows = frozenset(wanted), found
+                self._flight.notify_all()
+        return {name: found[(namespace, name)] for name in names if (namespace, name) in found}
+
+    def _pick(self, namespace: str, names: tuple[str, ...]) -> dict[str, Row]:
+        return {name: self._rows[(namespace, name)] for name in names if (namespace, name) in self._rows}
+
+
+def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, str], Row]:
+    """The answer columns of the devices of ``wanted`` ((namespace, names) pairs), one statement."""
+    by_namespace: dict[str, set[str]] = {}
+    for namespace, names in wanted:
+        by_namespace.setdefault(namespace, set()).update(names)
+    devices, namespaces = _device_table()
+    clauses: list[str] = []
+    params: list[str] = []
+    for namespace in sorted(by_namespace):
+        listed = sorted(by_namespace[namespace])
+        clauses.append(f"(n.name = %s AND d.name IN ({', '.join(['%s'] * len(listed))}))")
+        params += [namespace, *listed]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n.name, d.name, d.vm_name, d.bind_request, d.answered_request, d.answer"  # noqa: S608
+            f" FROM {devices} d JOIN {namespaces} n ON n.id = d.namespace_id WHERE {' OR '.join(clauses)}",
+            params,
+        )
+        return {(ns, name): (vm, request, answered, answer) for ns, name, vm, request, answered, answer in cursor}
+
+
+#: This process's shared answer reads.
+ANSWER_READS = AnswerReads()
+
+
+def answers_of(
+    review: Review, names: tuple[str, ...], request_id: str, woken: int | None = None
+) -> dict[str, str] | Verdict | str | None:
     """The answers when every device answered ``request_id``; None while some have not; the
     newer request id when another call replaced ``request_id`` on every device (follow it).
 
-    A device deleted meanwhile ends the wait with a denial (it will never answer).
+    A device deleted meanwhile ends the wait with a denial (it will never answer). The rows
+    come from a read shared with the other waiting calls (:class:`AnswerReads`; ``woken``:
+    the listener's count when it woke this call).
     """
-    found = models.GpuDevice.objects.filter(namespace__name=review.namespace, name__in=names).values_list(
-        "name", "vm_name", "bind_request", "answered_request", "answer"
-    )
-    rows = {name: (request, answered, answer) for name, vm, request, answered, answer in found if vm == review.name}
+    found = ANSWER_READS.rows(review.namespace, names, woken)
+    rows = {
+        name: (request, answered, answer)
+        for name, (vm, request, answered, answer) in found.items()
+        if vm == review.name
+    }
     gone = sorted(set(names) - set(rows))
     if gone:
         # Deleted, or moved to another VM (spec.vmName edited) while this call waited.

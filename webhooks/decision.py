@@ -240,13 +240,15 @@ def advisory_budget_refusal(view: MirrorView, key: tuple[str, str], members: Seq
     and Lost members already count, so only Pending ones can add usage.
     """
     namespace = key[0]
+    limits = effective_limits((b for b in view.budgets if b.namespace == namespace), view.default_budget)
+    if not limits.per_key and not limits.deny_rest:
+        return None  # no limit on any key: nothing to exceed, no ledger to build
     ledger = build_ledger(
         classes=view.classes,
         devices=(d for d in view.devices if d.namespace == namespace),
         pods=(p for p in view.pods if p.namespace == namespace),
         vmis=(v for v in view.vmis if v.namespace == namespace),
     )
-    limits = effective_limits((b for b in view.budgets if b.namespace == namespace), view.default_budget)
     candidate = tuple(
         dataclasses.replace(d, phase=Phase.BOUND, node="-") if d.phase is Phase.PENDING else d
         for d in sorted(members, key=lambda d: d.key)
@@ -287,6 +289,15 @@ def timed_out(review: Review, seconds: float) -> Verdict:
         review,
         f"VMI {review.namespace}/{review.name}: the binder did not answer within {seconds:g}s "
         "(it may be busy with a full pass); try again",
+    )
+
+
+def too_many_waiting(review: Review, limit: int) -> Verdict:
+    """This process already holds ``limit`` calls waiting for the binder: shed this one at once."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: the webhook is already waiting for the binder on {limit} "
+        "calls, as many as it holds at once (GPUPLANE_WEBHOOK_MAX_WAITING); try again",
     )
 
 
@@ -345,11 +356,12 @@ def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
     classes = {c.name: c for c in view.classes}
     devices = view.index().by_name
     resources = {}
+    wanted = []
     for name in review.device_names:
         cls = classes[devices[name].class_name]
         resources[name] = (cls.resource_name, cls.units_per_device)
+        wanted.append(cls)
     hostname = found.labels.get(HOSTNAME_LABEL) if found is not None else None
-    wanted = [classes[devices[name].class_name] for name in review.device_names]
     ops = build_patch(
         review.vmi,
         node,
@@ -391,4 +403,5 @@ __all__ = [
     "response",
     "scheduling_conflict",
     "timed_out",
+    "too_many_waiting",
 ]

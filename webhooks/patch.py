@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonpatch
-import jsonpointer
+import orjson
 
 from binder.engine import GpuClass
 from binder.engine.matching import NAME_FIELD
@@ -54,8 +54,8 @@ def missing_tolerations(have: Sequence[Mapping[str, Any]], classes: Sequence[Gpu
 
 
 def _pointer(*parts: str) -> str:
-    """An RFC 6901 pointer; ``/`` in a key becomes ``~1`` (``kubernetes.io~1hostname``)."""
-    return str(jsonpointer.JsonPointer.from_parts(parts).path)
+    """An RFC 6901 pointer; ``~`` in a key becomes ``~0`` and ``/`` ``~1`` (``kubernetes.io~1hostname``)."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
 
 
 def _unique(base: str, taken: set[str]) -> str:
@@ -149,9 +149,18 @@ def build_patch(
 
 
 def encode_patch(ops: Sequence[Mapping[str, Any]]) -> str:
-    """Base64 of the RFC 6902 array, as ``response.patch`` carries it."""
-    text = jsonpatch.JsonPatch([dict(op) for op in ops]).to_string()
-    return base64.b64encode(text.encode()).decode("ascii")
+    """Base64 of the RFC 6902 array, as ``response.patch`` carries it.
+
+    The ops are built here (always ``op``, ``path`` and ``value``), so they are encoded as
+    they are, with orjson; what it refuses (a lone surrogate or an integer beyond 64 bits
+    copied from the VMI as sent) is encoded by the standard library, escaped.
+    """
+    array = [dict(op) for op in ops]
+    try:
+        text = orjson.dumps(array)
+    except orjson.JSONEncodeError:
+        text = json.dumps(array).encode()
+    return base64.b64encode(text).decode("ascii")
 
 
 __all__ = ["HOSTNAME_LABEL", "build_patch", "encode_patch", "missing_tolerations"]

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -146,6 +147,7 @@ class ReadModel(MirrorState):
                 self._by_namespace[record.namespace][kind][object_id] = record
         self.counters.rebuilds += 1
         self.counters.build_seconds = time.perf_counter() - clock
+        _settle_garbage_collector()
         return catch
 
     def _apply(self, kind: str, ids: set[int], catch: Catchup) -> None:
@@ -288,6 +290,7 @@ class ReadModel(MirrorState):
         super().adopt(other)
         self.verified_at = time.monotonic()
         self.generation += 1
+        _settle_garbage_collector()
 
     # -- what the web reads -----------------------------------------------------------------------
 
@@ -370,6 +373,21 @@ class Snapshot:
     """(namespace, name) of each device -> its row id."""
     ledger: Ledger
     generation: int
+
+
+def _settle_garbage_collector() -> None:
+    """Collect once, then exempt every object alive now (the model's records among them)
+    from Python's cyclic garbage collector.
+
+    The model is hundreds of thousands of long-lived objects. Left to the collector, each
+    full collection walks all of them: 130 ms at 100k devices, with every thread of the
+    process stopped, whenever the objects that survived since the last one reach a quarter
+    of them (a few thousand calls' cached slices). Frozen, they are still freed by
+    reference counting when the model lets go of them; only cycles among them would stay,
+    and records hold none.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _retention() -> float:

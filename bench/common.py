@@ -143,6 +143,15 @@ def pct(values: Sequence[float], p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def rss_mib() -> float:
+    """This process's resident memory now (VmRSS), in MiB: what a step holds after it ran."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def peak_rss_mib() -> float:
     """Peak RSS of this process image: VmHWM, which exec resets (Linux keeps ru_maxrss of the
     parent across fork and exec, so a child spawned by a big parent would report the parent's)."""

@@ -16,18 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_URL, peak_rss_mib, setup_django
+from common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> None:

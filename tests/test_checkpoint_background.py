@@ -35,21 +35,8 @@ from binder.runtime import checkpoint
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
-
-
-def cluster() -> list[dict[str, Any]]:
-    return [
-        namespace_obj("t1"),
-        class_obj("h100", H100),
-        node_obj("n1", {H100: 4}),
-        node_obj("n2", {H100: 8}),
-        gpu_obj("t1", "g0", "h100", "vm1"),
-        gpu_obj("t1", "g1", "h100", "vm1"),
-        budget_obj("t1", {"h100": 8}),
-        vmi_obj("t1", "vm1", ["g0", "g1"], {}, ""),
-        plain_pod_obj("t1", "raw", H100, 1, "n1"),
-    ]
+from tests.shapes import H100, gpu_obj
+from tests.test_checkpoint import cluster
 
 
 def assert_same_as_from_scratch(state: ClusterState) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from binder.engine.launcher import launcher_of, raw_usage
@@ -22,6 +22,25 @@ SetKey = tuple[str, str]
 def is_raw_key(key: str) -> bool:
     """A budget key with a ``/`` is a raw resource name; any other key is a class name."""
     return "/" in key
+
+
+def class_units(
+    members: Iterable[Device], classes: Mapping[str, GpuClass], placed: Container[str] = ()
+) -> dict[str, int]:
+    """The units a set's devices use, per class name and per class resource name: Bound and
+    Lost devices, and the Pending ones named in ``placed`` (a new order counted as if it
+    were placed). Budgets count both keys; one loop for every caller that sums them."""
+    used: dict[str, int] = {}
+    for device in members:
+        if device.phase is Phase.PENDING and device.name not in placed:
+            continue
+        cls = classes.get(device.class_name)
+        if cls is None:
+            continue
+        units = cls.units_per_device
+        used[cls.name] = used.get(cls.name, 0) + units
+        used[cls.resource_name] = used.get(cls.resource_name, 0) + units
+    return used
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,21 +244,15 @@ class Ledger:
     def contribution(self, key: SetKey, devices: Iterable[Device]) -> Contribution:
         """What ``key`` would add if its devices were ``devices``."""
         members = tuple(devices)
-        booked: dict[tuple[str, str], int] = {}
-        used: dict[str, int] = {}
         classes = self.classes
+        used = class_units(members, classes)
+        booked: dict[tuple[str, str], int] = {}
         for device in members:
-            if device.phase is Phase.PENDING:
-                continue
-            cls = classes.get(device.class_name)
-            if cls is None:
-                continue
-            units = cls.units_per_device
-            used[cls.name] = used.get(cls.name, 0) + units
-            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
             if device.phase is Phase.BOUND and device.node:
-                slot = (device.node, cls.resource_name)
-                booked[slot] = booked.get(slot, 0) + units
+                cls = classes.get(device.class_name)
+                if cls is not None:
+                    slot = (device.node, cls.resource_name)
+                    booked[slot] = booked.get(slot, 0) + cls.units_per_device
         for pod, vmi in self.launcher_pods.get(key, ()):
             usage = raw_usage(pod, vmi, members, classes)
             for resource, units in usage.budget.items():
@@ -253,17 +266,8 @@ class Ledger:
         """What the tenant of ``key`` would use more per key (negative: less) if its devices
         were ``devices``: the ``used`` half of :meth:`delta`, without the bookings."""
         members = tuple(devices)
-        used: dict[str, int] = {}
         classes = self.classes
-        for device in members:
-            if device.phase is Phase.PENDING:
-                continue
-            cls = classes.get(device.class_name)
-            if cls is None:
-                continue
-            units = cls.units_per_device
-            used[cls.name] = used.get(cls.name, 0) + units
-            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
+        used = class_units(members, classes)
         for pod, vmi in self.launcher_pods.get(key, ()):
             for resource, units in raw_usage(pod, vmi, members, classes).budget.items():
                 used[resource] = used.get(resource, 0) + units

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 
-from binder.engine.accounting import Ledger, Limits, SetKey, effective_limits, ledger_for
+from binder.engine.accounting import Ledger, Limits, SetKey, class_units, effective_limits, ledger_for
 from binder.engine.fit import (
     NodeCache,
     _budget_refusal,
@@ -261,17 +261,7 @@ class PassState:
         ledger = self.ledger
         if key in ledger.launcher_pods:
             return self.budget_refusal(key, self._bound_on(members, "-", names))
-        classes = self.classes
-        used: dict[str, int] = {}
-        for device in members:
-            if device.phase is Phase.PENDING and device.name not in names:
-                continue
-            cls = classes.get(device.class_name)
-            if cls is None:
-                continue
-            units = cls.units_per_device
-            used[cls.name] = used.get(cls.name, 0) + units
-            used[cls.resource_name] = used.get(cls.resource_name, 0) + units
+        used = class_units(members, self.classes, names)
         return _refusal_of(ledger, self.limits(key[0]), key, ledger.used_delta_from(key, used))
 
     # -- changing ------------------------------------------------------------------------

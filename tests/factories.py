@@ -124,3 +124,19 @@ def second_choice(namespace: str = "t1", vm: str = "vm1") -> list[dict[str, Any]
         node_obj("na", {A100: 4}),
         *order,
     ]
+
+
+def checkpointed() -> list[dict[str, Any]]:
+    """One tenant's 2-device set with a VMI, a budget, a raw-GPU pod and two nodes: every
+    kind of record a worker's state (and so its checkpoint) holds."""
+    return [
+        namespace_obj("t1"),
+        class_obj("h100", H100),
+        node_obj("n1", {H100: 4}),
+        node_obj("n2", {H100: 8}),
+        gpu_obj("t1", "g0", "h100", "vm1"),
+        gpu_obj("t1", "g1", "h100", "vm1"),
+        budget_obj("t1", {"h100": 8}),
+        vmi_obj("t1", "vm1", ["g0", "g1"], {}, ""),
+        plain_pod_obj("t1", "raw", H100, 1, "n1"),
+    ]

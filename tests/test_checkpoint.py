@@ -33,23 +33,10 @@ from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
 from tests import workers
-from tests.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from tests.factories import checkpointed
+from tests.shapes import H100, gpu_obj
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cluster() -> list[dict[str, Any]]:
-    return [
-        namespace_obj("t1"),
-        class_obj("h100", H100),
-        node_obj("n1", {H100: 4}),
-        node_obj("n2", {H100: 8}),
-        gpu_obj("t1", "g0", "h100", "vm1"),
-        gpu_obj("t1", "g1", "h100", "vm1"),
-        budget_obj("t1", {"h100": 8}),
-        vmi_obj("t1", "vm1", ["g0", "g1"], {}, ""),
-        plain_pod_obj("t1", "raw", H100, 1, "n1"),
-    ]
 
 
 def ledger_view(ledger: Ledger) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
@@ -74,7 +61,7 @@ def checkpoints(settings: Any) -> None:
 
 def saved_after_a_pass() -> ClusterState:
     """A worker's first pass: it reads everything, then saves a checkpoint."""
-    load_objects(cluster())
+    load_objects(checkpointed())
     first = ClusterState()
     assert run_pass(models.PassKind.FULL, first).view == "rebuilt"
     assert models.Checkpoint.objects.count() == 1
@@ -198,7 +185,7 @@ def test_a_gap_in_the_feed_after_the_checkpoint_rebuilds() -> None:
 @pytest.mark.django_db
 def test_checkpoints_off_saves_and_loads_nothing(settings: Any) -> None:
     settings.GPUPLANE_CHECKPOINTS = False
-    load_objects(cluster())
+    load_objects(checkpointed())
     run_pass(models.PassKind.FULL, ClusterState())
     assert not models.Checkpoint.objects.exists()
     assert run_pass(models.PassKind.FULL, ClusterState()).view == "rebuilt"

@@ -35,8 +35,8 @@ from binder.runtime import checkpoint
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
+from tests.factories import checkpointed
 from tests.shapes import H100, gpu_obj
-from tests.test_checkpoint import cluster
 
 
 def assert_same_as_from_scratch(state: ClusterState) -> None:
@@ -80,7 +80,7 @@ def test_passes_go_on_while_the_checkpoint_is_saved_from_the_state_at_the_fork(
 ) -> None:
     release = tmp_path / "release"
     monkeypatch.setattr(checkpoint, "_before_pickle", held_until(release))
-    load_objects(cluster())
+    load_objects(checkpointed())
     first = ClusterState()
     try:
         assert run_pass(models.PassKind.FULL, first).view == "rebuilt"  # its checkpoint: in a child, held
@@ -118,7 +118,7 @@ def test_passes_go_on_while_the_checkpoint_is_saved_from_the_state_at_the_fork(
 def test_a_child_killed_inside_its_transaction_leaves_the_previous_checkpoint(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    load_objects(cluster())
+    load_objects(checkpointed())
     first = ClusterState()
     run_pass(models.PassKind.FULL, first)
     assert checkpoint.wait(timeout=120)
@@ -159,7 +159,7 @@ def test_one_save_at_a_time_and_a_save_in_place_comes_after_the_background_one(
 ) -> None:
     release = tmp_path / "release"
     monkeypatch.setattr(checkpoint, "_before_pickle", held_until(release))
-    load_objects(cluster())
+    load_objects(checkpointed())
     first = ClusterState()
     shutdown_done = threading.Event()
     try:
@@ -200,7 +200,7 @@ def test_one_save_at_a_time_and_a_save_in_place_comes_after_the_background_one(
 def test_inside_a_transaction_the_save_stays_in_place() -> None:
     """What the pass wrote is not yet visible to another connection (here the test's
     transaction around everything; on SQLite always): the pass saves in place."""
-    load_objects(cluster())
+    load_objects(checkpointed())
     run_pass(models.PassKind.FULL, ClusterState())
     assert not checkpoint.saving()
     assert models.Checkpoint.objects.count() == 1

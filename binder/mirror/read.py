@@ -79,15 +79,24 @@ def _fetch(model: type[Any], columns: tuple[str, ...], queryset: QuerySet | None
 _BATCH = 50_000
 
 
+def _select(model: type[Any], columns: tuple[str, ...]) -> str:
+    """``SELECT columns FROM`` the model's table (names from the model, quoted)."""
+    return f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
+
+
+def _with_c_loaders(raw: Any) -> Any:
+    """``raw`` (a psycopg cursor) loading timestamps and jsonb with the fast loaders above."""
+    raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
+    raw.adapters.register_loader("jsonb", _JsonbLoader)
+    return raw
+
+
 def _fetch_batches(model: type[Any], columns: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
-    sql = f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
     # A server-side cursor lives in a transaction: the caller's (a pass's), else one of its own.
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-        raw = cursor.cursor.connection.cursor(name=f"gpuplane_read_{model._meta.db_table}")
+        raw = _with_c_loaders(cursor.cursor.connection.cursor(name=f"gpuplane_read_{model._meta.db_table}"))
         try:
-            raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
-            raw.adapters.register_loader("jsonb", _JsonbLoader)
-            raw.execute(sql)
+            raw.execute(_select(model, columns))
             while rows := raw.fetchmany(_BATCH):
                 yield from rows
         finally:
@@ -104,14 +113,9 @@ def fetch_ids(model: type[Any], columns: tuple[str, ...], ids: list[int]) -> Ite
         for i in range(0, len(ids), _IN_CHUNK):
             yield from model.objects.filter(id__in=ids[i : i + _IN_CHUNK]).order_by().values_list(*columns)
         return
-    sql = (
-        f"SELECT {', '.join(connection.ops.quote_name(c) for c in columns)} FROM {model._meta.db_table}"  # noqa: S608 - names from the model
-        " WHERE id = ANY(%s)"
-    )
+    sql = _select(model, columns) + " WHERE id = ANY(%s)"
     with connection.cursor() as cursor:
-        raw = cursor.cursor
-        raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
-        raw.adapters.register_loader("jsonb", _JsonbLoader)
+        raw = _with_c_loaders(cursor.cursor)
         for i in range(0, len(ids), _BATCH):
             raw.execute(sql, [ids[i : i + _BATCH]])
             yield from raw.fetchall()

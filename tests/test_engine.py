@@ -8,6 +8,7 @@ from typing import Any
 
 from binder.engine import ANSWER_BOUND, ANSWER_REFUSED, Cluster, answer_pass, full_pass
 from binder.engine import types as e
+from binder.engine.accounting import effective_limits
 from tests.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, plain_pod_obj, vmi_obj
 
 H100_CLASS = gpu_class("h100", H100)
@@ -518,3 +519,11 @@ def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:
         for names in ({d.name for d in members}, {d.name for d in members[:1]}, set()):
             candidate = run._bound_on(members, "-", names)
             assert run.held_refusal(key, members, names) == run.budget_refusal(key, candidate), (key, names)
+
+
+def test_limits_are_unlimited_only_without_any_limit_or_a_deny_default() -> None:
+    """What lets the webhook skip building a ledger: no key limited, no deny-by-default."""
+    budget = e.Budget("t1", "b", {"h100": 4})
+    assert effective_limits((), e.DefaultBudget.UNLIMITED).unlimited
+    assert not effective_limits((budget,), e.DefaultBudget.UNLIMITED).unlimited
+    assert not effective_limits((), e.DefaultBudget.DENY).unlimited

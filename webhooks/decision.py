@@ -241,8 +241,8 @@ def advisory_budget_refusal(view: MirrorView, key: tuple[str, str], members: Seq
     """
     namespace = key[0]
     limits = effective_limits((b for b in view.budgets if b.namespace == namespace), view.default_budget)
-    if not limits.per_key and not limits.deny_rest:
-        return None  # no limit on any key: nothing to exceed, no ledger to build
+    if limits.unlimited:
+        return None  # nothing to exceed: no ledger to build
     ledger = build_ledger(
         classes=view.classes,
         devices=(d for d in view.devices if d.namespace == namespace),

@@ -54,6 +54,11 @@ class Limits:
     per_key: Mapping[str, int] = field(default_factory=dict)
     deny_rest: bool = False
 
+    @property
+    def unlimited(self) -> bool:
+        """No key is limited: no change can exceed a budget."""
+        return not self.per_key and not self.deny_rest
+
     def limit(self, key: str) -> int | None:
         if key in self.per_key:
             return self.per_key[key]

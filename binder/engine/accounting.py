@@ -108,6 +108,12 @@ class Holding:
     launcher: Vmi | None = None
 
 
+#: One pod with raw usage on a node: (pod, its VMI when it is a set's launcher, that set or
+#: the plain pod's capacity, the order holdings tie in).
+PodOn = tuple[Pod, "Vmi | None", "SetKey | Mapping[str, int]", int]
+PodsOn = dict[str, list[PodOn]]
+
+
 @dataclass(slots=True)
 class Delta:
     """A change of contribution; missing keys read as zero."""
@@ -187,22 +193,57 @@ class Ledger:
 
     def holdings(self) -> dict[str, list[Holding]]:
         """Node -> who books its units: Bound devices (by tenant, VM, name), then pods' raw
-        usage for capacity (by tenant, name). The same counts as ``booked``, itemised."""
+        usage for capacity (by tenant, name). The same counts as ``booked``, itemised:
+        :meth:`holdings_on` for every node that has any."""
+        index = self.pods_on()
         out: dict[str, list[Holding]] = defaultdict(list)
-        pods: list[tuple[Pod, str, int, Vmi | None]] = []
-        for key in sorted(self._devices):
-            members = self._devices[key]
-            for device in sorted(members, key=lambda d: d.name):
-                cls = self.classes.get(device.class_name)
-                if cls is not None and device.phase is Phase.BOUND and device.node:
-                    out[device.node].append(Holding(cls.resource_name, cls.units_per_device, device=device))
-            for pod, vmi in self.launcher_pods.get(key, ()):
-                for resource, units in raw_usage(pod, vmi, members, self.classes).capacity.items():
-                    pods.append((pod, resource, units, vmi))
-        pods.extend((pod, resource, units, None) for pod, usage in self.plain_pods for resource, units in usage.items())
-        for pod, resource, units, launcher in sorted(pods, key=lambda p: (p[0].namespace, p[0].name, p[1])):
-            out[pod.node].append(Holding(resource, units, pod=pod, launcher=launcher))
+        for node in sorted(set(self.sets_on) | set(index)):
+            held = self.holdings_on(node, index)
+            if held:
+                out[node] = held
         return out
+
+    def pods_on(self) -> PodsOn:
+        """Node -> its pods with raw usage, as :meth:`holdings_on` reads them: (pod, its VMI
+        when it is a set's launcher, that set or the plain pod's capacity, the order
+        holdings tie in). It depends on the pods alone; built once for many
+        :meth:`holdings_on` calls."""
+        index: PodsOn = defaultdict(list)
+        order = 0
+        for key in sorted(self.launcher_pods):  # every such set is committed: its devices are known
+            for pod, vmi in self.launcher_pods[key]:
+                index[pod.node].append((pod, vmi, key, order))
+                order += 1
+        for pod, capacity in self.plain_pods:
+            index[pod.node].append((pod, None, capacity, order))
+            order += 1
+        return index
+
+    def holdings_on(self, node: str, pods_on: Mapping[str, list[PodOn]] | None = None) -> list[Holding]:
+        """Who books ``node``'s units, as :meth:`holdings` lists them for it, worked out for
+        that node alone (a page showing a node, or the board's drawn rows, need not itemise
+        the whole cluster). ``pods_on``: :meth:`pods_on`, when many nodes are asked."""
+        classes = self.classes
+        held: list[Holding] = []
+        if node:
+            for key in sorted(self.sets_on.get(node, ())):
+                for device in sorted(self._devices.get(key, ()), key=lambda d: d.name):
+                    cls = classes.get(device.class_name)
+                    if cls is not None and device.phase is Phase.BOUND and device.node == node:
+                        held.append(Holding(cls.resource_name, cls.units_per_device, device=device))
+        index = pods_on if pods_on is not None else self.pods_on()
+        pods: list[tuple[str, str, str, int, Pod, int, Vmi | None]] = []
+        for pod, vmi, source, order in index.get(node, ()):
+            if vmi is not None:
+                assert isinstance(source, tuple)  # noqa: S101 - a launcher's entry names its set
+                capacity = raw_usage(pod, vmi, self._devices.get(source, ()), classes).capacity
+            else:
+                assert not isinstance(source, tuple)  # noqa: S101 - a plain pod's entry holds its capacity
+                capacity = source
+            pods.extend((pod.namespace, pod.name, r, order, pod, units, vmi) for r, units in capacity.items())
+        pods.sort(key=lambda p: (p[0], p[1], p[2], p[3]))
+        held.extend(Holding(resource, units, pod=pod, launcher=vmi) for _, _, resource, _, pod, units, vmi in pods)
+        return held
 
     def copy(self) -> Ledger:
         """An independent ledger with the same contents, in time linear in nodes and sets.

@@ -138,7 +138,7 @@ def node_report(name: str, now: datetime | None = None) -> NodeReport | None:
     units: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     pod_raw: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     pod_launcher: dict[tuple[str, str], str] = {}
-    for holding in ledger.holdings().get(name, []):
+    for holding in ledger.holdings_on(name):
         if holding.device is not None:
             units[holding.device.set_key][holding.resource] += holding.units
         elif holding.pod is not None:

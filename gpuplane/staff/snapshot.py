@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,8 +33,9 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from binder.engine import Holding, Ledger, raw_usage
+from binder.engine import Holding, Ledger
 from binder.engine import types as e
+from binder.engine.accounting import PodsOn
 from binder.runtime.readmodel import read_model
 
 MAX_AGE_SECONDS = 60.0
@@ -60,25 +60,7 @@ class NodeHoldings(Mapping[str, list[Holding]]):
         return set(self._ledger.sets_on) | set(self._pods_on)
 
     def _work_out(self, node: str) -> list[Holding]:
-        ledger, classes = self._ledger, self._ledger.classes
-        held: list[Holding] = []
-        for key in sorted(ledger.sets_on.get(node, ())):
-            for device in sorted(ledger.devices(key), key=lambda d: d.name):
-                cls = classes.get(device.class_name)
-                if cls is not None and device.phase is e.Phase.BOUND and device.node == node:
-                    held.append(Holding(cls.resource_name, cls.units_per_device, device=device))
-        pods: list[tuple[str, str, str, int, e.Pod, int, e.Vmi | None]] = []
-        for pod, vmi, source, order in self._pods_on.get(node, ()):
-            if vmi is not None:
-                assert isinstance(source, tuple)  # noqa: S101 - a launcher's entry names its set
-                capacity = raw_usage(pod, vmi, ledger.devices(source), classes).capacity
-            else:
-                assert not isinstance(source, tuple)  # noqa: S101 - a plain pod's entry holds its capacity
-                capacity = source
-            pods.extend((pod.namespace, pod.name, r, order, pod, units, vmi) for r, units in capacity.items())
-        pods.sort(key=lambda p: (p[0], p[1], p[2], p[3]))
-        held.extend(Holding(resource, units, pod=pod, launcher=vmi) for _, _, resource, _, pod, units, vmi in pods)
-        return held
+        return self._ledger.holdings_on(node, self._pods_on)
 
     def __getitem__(self, node: str) -> list[Holding]:
         found = self._done.get(node)
@@ -100,35 +82,23 @@ class NodeHoldings(Mapping[str, list[Holding]]):
         return bool(self._ledger.sets_on) or bool(self._pods_on)
 
 
-_PodsOn = dict[str, list[tuple[e.Pod, e.Vmi | None, SetKey | Mapping[str, int], int]]]
 #: The last ledger's launcher and plain pods and the index made of them.
-_last_pods: tuple[Mapping[SetKey, list[tuple[e.Pod, e.Vmi]]], list[tuple[e.Pod, Mapping[str, int]]], _PodsOn] = (
+_last_pods: tuple[Mapping[SetKey, list[tuple[e.Pod, e.Vmi]]], list[tuple[e.Pod, Mapping[str, int]]], PodsOn] = (
     {},
     [],
     {},
 )
 
 
-def _pods_on(ledger: Ledger) -> _PodsOn:
-    """Node -> its pods with raw usage: (pod, its VMI when it is a launcher, the launcher's
-    set or the plain pod's capacity, the order ``Ledger.holdings`` sorts ties in). The
-    last ledger's index while its pods are equal (a copy of the same ledger: a comparison
-    of identical objects); the raw usage itself is worked out per node, from the devices."""
+def _pods_on(ledger: Ledger) -> PodsOn:
+    """``Ledger.pods_on``, or the last ledger's index while its pods are equal (a copy of
+    the same ledger: a comparison of identical objects); the raw usage itself is worked out
+    per node, from the devices."""
     global _last_pods
     launchers, plain, index = _last_pods
     if ledger.launcher_pods == launchers and ledger.plain_pods == plain:
         return index
-    index = defaultdict(list)
-    order = 0
-    for key in sorted(ledger.launcher_pods):
-        for pod, vmi in ledger.launcher_pods[key]:
-            if pod.node:
-                index[pod.node].append((pod, vmi, key, order))
-            order += 1
-    for pod, capacity in ledger.plain_pods:
-        if pod.node:
-            index[pod.node].append((pod, None, capacity, order))
-        order += 1
+    index = ledger.pods_on()
     _last_pods = (ledger.launcher_pods, ledger.plain_pods, index)
     return index
 

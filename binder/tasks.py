@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from celery import shared_task
 from celery.signals import worker_process_shutdown, worker_shutdown
+from django.conf import settings
 
 from binder.models import PassKind
 from binder.queue import full_pass_overdue, queue_full_pass, release, send_full_pass
@@ -33,8 +34,10 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
     """Run one answer pass; returns the pass id.
 
     An answer pass that placed a set leaves usage records and class/budget status to
-    a full pass, so it asks for one (collapsed like any event): the set's
-    usage record then opens within one pass of its binding.
+    a full pass, so it asks for one (collapsed like any event), but
+    ``GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS`` later: a full pass started at once made
+    the next answer passes, and the webhook calls waiting on them, wait for its end. The
+    set's usage record still opens at its binding (the device's ``since``).
     """
     release(PassKind.ANSWER)
     if full_pass_overdue():
@@ -45,7 +48,7 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
         run_pass(PassKind.FULL, triggered_by="overdue")
     run = run_pass(PassKind.ANSWER, triggered_by=triggered_by)
     if run.bound or run.moved or run.lost or run.restored:
-        queue_full_pass(triggered_by="answer")
+        queue_full_pass(triggered_by="answer", delay=settings.GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS)
     return run.pk
 
 

@@ -115,6 +115,17 @@ def full_pass_overdue() -> bool:
     return since is not None and time.time() - since > settings.GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS
 
 
+def answer_pass_queued() -> bool:
+    """True while an answer pass is queued (its collapse flag is set); False without Redis."""
+    client = collapse_client()
+    if client is None:
+        return False
+    try:
+        return bool(client.exists(collapse_key(PassKind.ANSWER)))
+    except redis.RedisError:
+        return False
+
+
 #: Celery task names (stable: queued messages and beat schedules name them).
 TASK_NAMES: dict[str, str] = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
 
@@ -139,6 +150,13 @@ def send_full_pass(triggered_by: str = "resync", delay: float = 0.0) -> None:
     """
     if _claim(PassKind.FULL, delay):
         _publish(PassKind.FULL, triggered_by, delay)
+
+
+def publish_full_pass_again(triggered_by: str) -> None:
+    """Publish the queued full pass once more, now and in its priority list, leaving its
+    collapse flag (and so its due time) as it is: a delayed full pass that came due behind
+    a queued answer pass (``binder.tasks.full_pass_task``)."""
+    _publish(PassKind.FULL, triggered_by)
 
 
 def _send_answer_pass() -> None:

@@ -6,12 +6,21 @@ publishes them by name, so only this module (and the worker) imports the pass.
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
+
+from celery import Task, shared_task
 from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
 
 from binder.models import PassKind
-from binder.queue import full_pass_overdue, queue_full_pass, release, send_full_pass
+from binder.queue import (
+    answer_pass_queued,
+    full_pass_overdue,
+    publish_full_pass_again,
+    queue_full_pass,
+    release,
+    send_full_pass,
+)
 from binder.runtime.checkpoint import save_on_shutdown
 from binder.runtime.passes import run_pass
 
@@ -21,10 +30,22 @@ worker_shutdown.connect(save_on_shutdown, weak=False)
 worker_process_shutdown.connect(save_on_shutdown, weak=False)
 
 
-@shared_task(name="binder.full_pass")
-def full_pass_task(triggered_by: str = "event") -> int:
-    """Run one full pass; returns the pass id. ``triggered_by`` (who queued it) goes on
-    its record; messages queued before it existed run as "event"."""
+@shared_task(name="binder.full_pass", bind=True)
+def full_pass_task(self: Task[Any, Any], triggered_by: str = "event") -> int | None:
+    """Run one full pass; returns the pass id (None: queued again, see below).
+    ``triggered_by`` (who queued it) goes on its record; messages queued before it
+    existed run as "event".
+
+    A delayed pass (a countdown: the worker holds the message until it is due) runs
+    when due ahead of anything in the queue, answer passes included, which the priority
+    lists would have put first. So when one comes due while an answer pass is queued, it
+    goes back into its own priority list, still the one queued full pass (the collapse key
+    stays), and waits behind answer passes as any full pass does, for at most
+    ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS`` from when it was due.
+    """
+    if self.request.eta is not None and answer_pass_queued() and not full_pass_overdue():
+        publish_full_pass_again(triggered_by)
+        return None
     release(PassKind.FULL)
     return run_pass(PassKind.FULL, triggered_by=triggered_by).pk
 

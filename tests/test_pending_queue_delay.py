@@ -23,7 +23,7 @@ from django.db import transaction
 from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.queue import collapse_key, full_pass_overdue, queue_answer_pass, send_full_pass
-from binder.tasks import answer_pass_task
+from binder.tasks import answer_pass_task, full_pass_task
 from gpuplane.settings import env_float
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 from tests.workers import Worker, wait_for, wait_until_idle
@@ -56,6 +56,39 @@ def test_an_undelayed_full_pass_goes_out_as_before(broker: redis.Redis) -> None:
     with _published("binder.full_pass") as publish:
         send_full_pass("resync")
     publish.assert_called_once_with(kwargs={"triggered_by": "resync"}, priority=9)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("answer_queued", "due_ago", "eta", "runs"),
+    [
+        (True, 0.0, True, False),  # came due behind a queued answer pass: queued again
+        (False, 0.0, True, True),  # nothing queued ahead: runs
+        (True, 6.0, True, True),  # due past GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS: runs
+        (True, 0.0, False, True),  # not a delayed message: the priority lists already ordered it
+    ],
+)
+def test_a_delayed_full_pass_due_behind_a_queued_answer_pass_goes_back_into_its_priority_list(
+    broker: redis.Redis, settings: Any, answer_queued: bool, due_ago: float, eta: bool, runs: bool
+) -> None:
+    settings.GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = 5.0
+    broker.set(collapse_key("full"), f"{time.time() - due_ago:.3f}")
+    if answer_queued:
+        broker.set(collapse_key("answer"), f"{time.time():.3f}")
+    full_pass_task.push_request(eta="2026-11-30T12:00:00+00:00" if eta else None)
+    try:
+        with _published("binder.full_pass") as publish, mock.patch("binder.tasks.run_pass") as run:
+            run.return_value.pk = 41
+            result = full_pass_task.run("answer")
+    finally:
+        full_pass_task.pop_request()
+    if runs:
+        assert result == 41 and not publish.called
+        assert broker.get(collapse_key("full")) is None  # released: events from now need another pass
+    else:
+        assert result is None and not run.called
+        publish.assert_called_once_with(kwargs={"triggered_by": "answer"}, priority=9)
+        assert broker.get(collapse_key("full")) is not None  # still the one queued full pass
 
 
 @pytest.mark.django_db

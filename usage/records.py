@@ -148,7 +148,7 @@ def _open_record(row: tuple[object, ...]) -> OpenRecord:
 
 
 def open_records_of(subjects: Subjects) -> list[OpenRecord]:
-    """The open records of just ``subjects`` (by namespace, kind and name: ``usage_subject_idx``).
+    """The open records of just ``subjects`` (by namespace, kind and name: ``usage_one_open_per_subject``).
 
     On PostgreSQL one statement joins the subjects as arrays (a pass that bound 10k sets
     across 1,000 tenants took 960 queries, 3.5 s, one per tenant and kind).

@@ -144,9 +144,10 @@ def send_full_pass(triggered_by: str = "resync", delay: float = 0.0) -> None:
     """Publish a full pass now (not at commit) unless one is queued: the periodic resync.
 
     ``triggered_by`` travels with the task to the pass's record. While a pass is queued
-    a later request adds nothing, so the record names the first request, not the last;
-    a request for a pass ``delay`` seconds from now is folded into one already queued
-    too (it runs no later than asked).
+    a later request adds nothing, so the record names the first request, not the last.
+    That holds for delayed passes too: a request for a pass ``delay`` seconds from now
+    folds into one already queued, and a request for one now folds into a delayed one,
+    so it may run up to that delay later than asked.
     """
     if _claim(PassKind.FULL, delay):
         _publish(PassKind.FULL, triggered_by, delay)

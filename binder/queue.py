@@ -12,6 +12,14 @@ that happened after the pass read the cluster is missed. The key expires after
 periodic resync covers the gap). Priority: answer passes go out with priority 0, full
 passes with 9 (see settings: one queue, Redis priority lists).
 
+Delay: a full pass may be asked for ``delay`` seconds from now (an answer pass that placed
+a set asks so, ``GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS``): the message goes out at once
+with a countdown, the worker holds it until then, and the collapse key (set meanwhile)
+folds every later request into it, so a stream of bind requests is followed by one full
+pass per delay instead of one after each answer pass, each of which the next answer pass
+would wait behind. The key holds the time the pass is due, which is what
+:func:`full_pass_overdue` measures from.
+
 Tasks are published by name (``binder.tasks`` registers them when the binder app is
 ready), so asking for a pass never imports the pass: the webhook, the sync and the
 mirror writes stay below the pass in the import graph. Without a broker (the embedded
@@ -21,6 +29,7 @@ default) Celery runs the task in-process at commit.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,14 +70,15 @@ def collapse_client() -> redis.Redis[bytes] | None:
     return _redis(url)
 
 
-def _claim(kind: str) -> bool:
-    """True if no pass of ``kind`` is queued yet (and mark one as queued)."""
+def _claim(kind: str, delay: float = 0.0) -> bool:
+    """True if no pass of ``kind`` is queued yet (and mark one as queued, due in ``delay`` seconds)."""
     client = collapse_client()
     if client is None:
         return True
     try:
-        # The value is when the pass was queued: how long a full pass has waited (fairness).
-        return bool(client.set(collapse_key(kind), f"{time.time():.3f}", nx=True, ex=COLLAPSE_TTL))
+        # The value is when the pass is due: how long a full pass has waited (fairness).
+        due = f"{time.time() + delay:.3f}"
+        return bool(client.set(collapse_key(kind), due, nx=True, ex=COLLAPSE_TTL + math.ceil(delay)))
     except redis.RedisError:
         log.warning("collapse key unavailable; publishing the %s pass anyway", kind, exc_info=True)
         return True
@@ -86,7 +96,7 @@ def release(kind: str) -> None:
 
 
 def full_pass_overdue() -> bool:
-    """True when a full pass has been queued for longer than
+    """True when a full pass has been due for longer than
     ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS``: the next answer pass runs it first,
     so moves, usage records and status do not starve under a stream of bind requests. A
     full pass waits behind answer passes by design (they go first in the queue); this bounds
@@ -105,23 +115,49 @@ def full_pass_overdue() -> bool:
     return since is not None and time.time() - since > settings.GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS
 
 
+def answer_pass_queued() -> bool:
+    """True while an answer pass is queued (its collapse flag is set); False without Redis."""
+    client = collapse_client()
+    if client is None:
+        return False
+    try:
+        return bool(client.exists(collapse_key(PassKind.ANSWER)))
+    except redis.RedisError:
+        return False
+
+
 #: Celery task names (stable: queued messages and beat schedules name them).
 TASK_NAMES: dict[str, str] = {PassKind.FULL: "binder.full_pass", PassKind.ANSWER: "binder.answer_pass"}
 
 
-def _publish(kind: str, triggered_by: str | None = None) -> None:
+def _publish(kind: str, triggered_by: str | None = None, delay: float = 0.0) -> None:
     kwargs = {"triggered_by": triggered_by} if triggered_by else {}
-    current_app.tasks[TASK_NAMES[kind]].apply_async(kwargs=kwargs, priority=PRIORITY[kind])
+    # In-process (the embedded default) Celery ignores the countdown: the pass runs at once.
+    task = current_app.tasks[TASK_NAMES[kind]]
+    if delay > 0:
+        task.apply_async(kwargs=kwargs, priority=PRIORITY[kind], countdown=delay)
+    else:
+        task.apply_async(kwargs=kwargs, priority=PRIORITY[kind])
 
 
-def send_full_pass(triggered_by: str = "resync") -> None:
+def send_full_pass(triggered_by: str = "resync", delay: float = 0.0) -> None:
     """Publish a full pass now (not at commit) unless one is queued: the periodic resync.
 
     ``triggered_by`` travels with the task to the pass's record. While a pass is queued
     a later request adds nothing, so the record names the first request, not the last.
+    That holds for delayed passes too: a request for a pass ``delay`` seconds from now
+    folds into one already queued, and a request for one now folds into a delayed one,
+    so it may run up to that delay later than asked.
     """
-    if _claim(PassKind.FULL):
-        _publish(PassKind.FULL, triggered_by)
+    if _claim(PassKind.FULL, delay):
+        _publish(PassKind.FULL, triggered_by, delay)
+
+
+def publish_full_pass_again(triggered_by: str) -> None:
+    """Publish the queued full pass once more, now and in its priority list, leaving its
+    collapse flag (and so its due time) as it is: a delayed full pass that came due behind
+    a queued answer pass (``binder.tasks.full_pass_task``)."""
+    _publish(PassKind.FULL, triggered_by)
 
 
 def _send_answer_pass() -> None:
@@ -138,9 +174,10 @@ class _FullPassAtCommit:
     """
 
     triggered_by: str
+    delay: float = 0.0
 
     def __call__(self) -> None:
-        send_full_pass(self.triggered_by)
+        send_full_pass(self.triggered_by, self.delay)
 
 
 def _same_send(registered: object, send: Callable[[], None]) -> bool:
@@ -160,13 +197,13 @@ def _queue_on_commit(send: Callable[[], None]) -> None:
     transaction.on_commit(send)
 
 
-def queue_full_pass(triggered_by: str = "event") -> None:
-    """Ask for a full pass once the current transaction commits.
+def queue_full_pass(triggered_by: str = "event", delay: float = 0.0) -> None:
+    """Ask for a full pass once the current transaction commits (``delay`` seconds after it).
 
     ``triggered_by`` ends up on the pass's record (``PassRun.triggered_by``): "event" for
     a mirror change, "staff:<user>" for a staff action, and so on.
     """
-    _queue_on_commit(_FullPassAtCommit(triggered_by))
+    _queue_on_commit(_FullPassAtCommit(triggered_by, delay))
 
 
 def queue_answer_pass() -> None:

@@ -6,11 +6,21 @@ publishes them by name, so only this module (and the worker) imports the pass.
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
+
+from celery import Task, shared_task
 from celery.signals import worker_process_shutdown, worker_shutdown
+from django.conf import settings
 
 from binder.models import PassKind
-from binder.queue import full_pass_overdue, queue_full_pass, release, send_full_pass
+from binder.queue import (
+    answer_pass_queued,
+    full_pass_overdue,
+    publish_full_pass_again,
+    queue_full_pass,
+    release,
+    send_full_pass,
+)
 from binder.runtime.checkpoint import save_on_shutdown
 from binder.runtime.passes import run_pass
 
@@ -20,10 +30,22 @@ worker_shutdown.connect(save_on_shutdown, weak=False)
 worker_process_shutdown.connect(save_on_shutdown, weak=False)
 
 
-@shared_task(name="binder.full_pass")
-def full_pass_task(triggered_by: str = "event") -> int:
-    """Run one full pass; returns the pass id. ``triggered_by`` (who queued it) goes on
-    its record; messages queued before it existed run as "event"."""
+@shared_task(name="binder.full_pass", bind=True)
+def full_pass_task(self: Task[Any, Any], triggered_by: str = "event") -> int | None:
+    """Run one full pass; returns the pass id (None: queued again, see below).
+    ``triggered_by`` (who queued it) goes on its record; messages queued before it
+    existed run as "event".
+
+    A delayed pass (a countdown: the worker holds the message until it is due) runs
+    when due ahead of anything in the queue, answer passes included, which the priority
+    lists would have put first. So when one comes due while an answer pass is queued, it
+    goes back into its own priority list, still the one queued full pass (the collapse key
+    stays), and waits behind answer passes as any full pass does, for at most
+    ``GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS`` from when it was due.
+    """
+    if self.request.eta is not None and answer_pass_queued() and not full_pass_overdue():
+        publish_full_pass_again(triggered_by)
+        return None
     release(PassKind.FULL)
     return run_pass(PassKind.FULL, triggered_by=triggered_by).pk
 
@@ -33,8 +55,10 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
     """Run one answer pass; returns the pass id.
 
     An answer pass that placed a set leaves usage records and class/budget status to
-    a full pass, so it asks for one (collapsed like any event): the set's
-    usage record then opens within one pass of its binding.
+    a full pass, so it asks for one (collapsed like any event), but
+    ``GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS`` later: a full pass started at once made
+    the next answer passes, and the webhook calls waiting on them, wait for its end. The
+    set's usage record still opens at its binding (the device's ``since``).
     """
     release(PassKind.ANSWER)
     if full_pass_overdue():
@@ -45,7 +69,7 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
         run_pass(PassKind.FULL, triggered_by="overdue")
     run = run_pass(PassKind.ANSWER, triggered_by=triggered_by)
     if run.bound or run.moved or run.lost or run.restored:
-        queue_full_pass(triggered_by="answer")
+        queue_full_pass(triggered_by="answer", delay=settings.GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS)
     return run.pk
 
 

@@ -44,7 +44,7 @@ def env_int(name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
-def env_float(name: str, default: float, minimum: float = 0.0) -> float:
+def env_float(name: str, default: float, minimum: float = 0.0, maximum: float = math.inf) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -54,6 +54,8 @@ def env_float(name: str, default: float, minimum: float = 0.0) -> float:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
     if not math.isfinite(value) or value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number of at least {minimum}")
+    if value > maximum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 
@@ -320,8 +322,13 @@ GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
 #: Billing rates per class (or raw resource) key per GPU-hour for the usage chart's ranked
 #: table and billing CSV, e.g. "h100=2.50,a10=0.60"; the page's "rates" field overrides it.
 GPUPLANE_BILLING_RATES = os.environ.get("GPUPLANE_BILLING_RATES", "")
-#: A queued full pass waits behind answer passes at most this long.
+#: A queued full pass waits behind answer passes at most this long (once it is due).
 GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS", 5.0)
+#: An answer pass that placed a set asks for the full pass (usage records, class and budget
+#: status) this many seconds later, not at once, so that the answer passes after it do not
+#: wait behind it; requests meanwhile fold into it. 0: at once. Records are dated by the
+#: devices' ``since`` either way.
+GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS = env_float("GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS", 1.0, maximum=60.0)
 #: Every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,
 #: runs the engine both ways and compares (0: every pass; the tests use it).
 GPUPLANE_VERIFY_SECONDS = env_int("GPUPLANE_VERIFY_SECONDS", 600)

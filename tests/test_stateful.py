@@ -1069,6 +1069,11 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.limits: dict[str, dict[str, int]] = {}
         self.held: Counter[tuple[str, str]] = Counter()
         self.integral: Counter[tuple[str, str]] = Counter()  # unit-seconds per (namespace, budget key)
+        #: The holdings the last full pass recorded (None: no full pass yet). A device an
+        #: answer pass binds is billed from that pass (its ``since``) once a full pass has
+        #: recorded the cluster; whatever stopped holding meanwhile (a deleted device, a
+        #: pod's raw usage) stays billed until the next full pass, which closes it at its time.
+        self.recorded: Counter[Held] | None = None
         self.closed: dict[int, dict[str, Any]] = {}
         self.rows_before: list[dict[str, Any]] = []
         self.kind = ""
@@ -1499,12 +1504,16 @@ class DatabaseMachine(RuleBasedStateMachine):
             if got != expected:
                 problems.append(f"open records differ from holdings: extra {got - expected}, missing {expected - got}")
             self.held = units_by_budget_key(expected)
+            self.recorded = expected
             for namespace in DB_TENANTS:  # the tenant usage API's current usage agrees
                 api_usage = queries.current_usage(namespace)[0]
                 if Counter(api_usage) != +used_after[namespace]:
                     problems.append(f"usage API {namespace}: {api_usage} != {dict(+used_after[namespace])}")
         else:
             problems += grown_over_allocatable(before.devices, after.devices, classes, allocatable)
+            if self.recorded is not None:
+                bound_since = expected_holdings(after.devices, classes, (), vmis) - self.recorded
+                self.held = units_by_budget_key(self.recorded + bound_since)
         assert not problems, "\n".join(problems)
         self.conclude_calls()
 

@@ -1,10 +1,12 @@
 """Write usage records at the end of every full pass, never in an answer pass.
 
 The engine (``binder.engine.usage``) says what is held after the pass and which open
-records to close and which to open; this module reads the open records, supplies the
-fresh VMI reads the launcher rule needs for pods, and writes the plan in the pass's
-transaction, at the pass's time. Because it runs with the feature switch off too, a
-deleted device, a deleted class or a deleted namespace always gets its records closed.
+records to close and which to open, and when; this module reads the open records, supplies
+the fresh VMI reads the launcher rule needs for pods, and writes the plan in the pass's
+transaction. A device's records change at its ``since`` (an answer pass may have bound it
+well before this full pass runs), everything else at the pass's time. Because it runs
+with the feature switch off too, a deleted device, a deleted class or a deleted namespace
+always gets its records closed.
 """
 
 from __future__ import annotations
@@ -122,20 +124,14 @@ def devices_after(cluster: e.Cluster, changed: Iterable[e.Device]) -> list[e.Dev
     return list(current.values())
 
 
-def current_holdings(cluster: e.Cluster, changed: Iterable[e.Device] = ()) -> tuple[Holding, ...]:
-    """What is held after the pass: devices from the pass, pods' VMIs read fresh."""
-    classes = {c.name: c for c in cluster.classes}
-    return holdings(devices_after(cluster, changed), cluster.pods, classes, lookup(fresh_vmis(cluster.pods)))
-
-
 def open_records() -> list[OpenRecord]:
     """Every open record, as the engine compares them."""
-    rows = UsageRecord.objects.open().order_by().values_list("id", *HOLDING_COLUMNS)
+    rows = UsageRecord.objects.open().order_by().values_list("id", *HOLDING_COLUMNS, "start")
     return [_open_record(row) for row in rows.iterator(chunk_size=10000)]
 
 
 def _open_record(row: tuple[object, ...]) -> OpenRecord:
-    record_id, namespace, kind, subject, uid, key, resource, units, node, phase, vm = row
+    record_id, namespace, kind, subject, uid, key, resource, units, node, phase, vm, start = row
     holding = Holding(
         str(namespace),
         _SUBJECT_KINDS[str(kind)],
@@ -148,11 +144,11 @@ def _open_record(row: tuple[object, ...]) -> OpenRecord:
         _RECORD_PHASES[str(phase)],
         str(vm),
     )
-    return OpenRecord(int(record_id), holding)  # type: ignore[call-overload]
+    return OpenRecord(int(record_id), holding, start if isinstance(start, datetime) else None)  # type: ignore[call-overload]
 
 
 def open_records_of(subjects: Subjects) -> list[OpenRecord]:
-    """The open records of just ``subjects`` (by namespace, kind and name: ``usage_subject_idx``).
+    """The open records of just ``subjects`` (by namespace, kind and name: ``usage_one_open_per_subject``).
 
     On PostgreSQL one statement joins the subjects as arrays (a pass that bound 10k sets
     across 1,000 tenants took 960 queries, 3.5 s, one per tenant and kind).
@@ -170,7 +166,7 @@ def open_records_of(subjects: Subjects) -> list[OpenRecord]:
             # Binary array parameters (server-side binding): see binder.runtime.passes.
             cursor = psycopg.Cursor(django_cursor.cursor.connection)
             cursor.execute(
-                f"SELECT r.id, {columns} FROM {UsageRecord._meta.db_table} AS r"  # noqa: S608 - constant SQL
+                f"SELECT r.id, {columns}, r.start FROM {UsageRecord._meta.db_table} AS r"  # noqa: S608 - constant SQL
                 " JOIN unnest(%b::text[], %b::text[], %b::text[]) AS v(ns, kind, subject)"
                 " ON r.namespace = v.ns AND r.subject_kind = v.kind AND r.subject = v.subject"
                 ' WHERE r."end" IS NULL',
@@ -189,7 +185,7 @@ def open_records_of(subjects: Subjects) -> list[OpenRecord]:
                     UsageRecord.objects.open()
                     .filter(namespace=namespace, subject_kind=kind.value, subject__in=ordered[i : i + _CHUNK])
                     .order_by()
-                    .values_list("id", *HOLDING_COLUMNS)
+                    .values_list("id", *HOLDING_COLUMNS, "start")
                 )
                 found.extend(_open_record(row) for row in rows)
     return found
@@ -210,28 +206,59 @@ def record_usage(
     changed: Iterable[e.Device],
     subjects: Subjects | None = None,
 ) -> UsageWrite:
-    """Close and open records so that exactly the current holdings are open (at ``now``).
+    """Close and open records so that exactly the current holdings are open.
 
-    With ``subjects`` (the worker knows what changed since its last pass) only their
-    records are read and reconciled: the others cannot have changed. Without
-    them, or when they ask for everything, every open record is compared.
+    ``now`` is the pass's time: a device's records change at its ``since`` instead
+    where the engine trusts it (``binder.engine.usage.change_time``). With ``subjects``
+    (the worker knows what changed since its last pass) only their records are read and
+    reconciled: the others cannot have changed. Without them, or when they ask for
+    everything, every open record is compared.
     """
     if subjects is not None and not subjects.everything:
         if not subjects.device_keys and not subjects.pod_keys:
             return UsageWrite()
-        plan = reconcile_usage(open_records_of(subjects), subject_holdings(cluster, subjects))
+        found, since = open_records_of(subjects), {d.key: d.since for d in subjects.devices}
+        plan = reconcile_usage(
+            found, subject_holdings(cluster, subjects), now, recorded_until=recorded_until(pass_id), device_since=since
+        )
     else:
-        plan = reconcile_usage(open_records(), current_holdings(cluster, changed))
+        devices = devices_after(cluster, changed)
+        classes = {c.name: c for c in cluster.classes}
+        current = holdings(devices, cluster.pods, classes, lookup(fresh_vmis(cluster.pods)))
+        since = {d.key: d.since for d in devices}
+        plan = reconcile_usage(open_records(), current, now, recorded_until=recorded_until(pass_id), device_since=since)
     if plan:
         write_plan(plan, pass_id, now)
     return UsageWrite(opened=len(plan.open), closed=len(plan.close))
 
 
+def recorded_until(pass_id: int) -> datetime | None:
+    """The time of the last full pass before ``pass_id``: records are exact up to then.
+
+    Every full pass reconciles what changed since the one before it, so a device change
+    dated before this was recorded by then; None when no full pass ran yet.
+    """
+    return (
+        binder_models.PassRun.objects.filter(kind=binder_models.PassKind.FULL, pk__lt=pass_id)
+        .order_by("-pk")
+        .values_list("started", flat=True)
+        .first()
+    )
+
+
 def write_plan(plan: UsagePlan, pass_id: int, now: datetime) -> None:
-    """Close first (the one-open-record constraint), then open, all at ``now``."""
-    closing = list(plan.close)
-    for i in range(0, len(closing), _CHUNK):
-        UsageRecord.objects.filter(id__in=closing[i : i + _CHUNK]).update(end=now, closed_by_pass=pass_id)
+    """Close first (the one-open-record constraint), then open; at the plan's times, else ``now``.
+
+    Closes go out one UPDATE per distinct end (a pass's closes share few instants: the
+    passes that changed their devices).
+    """
+    by_end: dict[datetime, list[int]] = {}
+    ends = [*plan.ends, *[None] * (len(plan.close) - len(plan.ends))]
+    for record_id, end in zip(plan.close, ends, strict=True):
+        by_end.setdefault(end or now, []).append(record_id)
+    for end, ids in sorted(by_end.items()):
+        for i in range(0, len(ids), _CHUNK):
+            UsageRecord.objects.filter(id__in=ids[i : i + _CHUNK]).update(end=end, closed_by_pass=pass_id)
     if not plan.open:
         return
     if connection.vendor == "postgresql":
@@ -242,11 +269,13 @@ def write_plan(plan: UsagePlan, pass_id: int, now: datetime) -> None:
             ) as copy,
         ):
             for h in plan.open:
-                copy.write_row((*_holding_row(h), now, pass_id))
+                copy.write_row((*_holding_row(h), h.since or now, pass_id))
         return
     UsageRecord.objects.bulk_create(
         [
-            UsageRecord(**dict(zip(HOLDING_COLUMNS, _holding_row(h), strict=True)), start=now, opened_by_pass=pass_id)
+            UsageRecord(
+                **dict(zip(HOLDING_COLUMNS, _holding_row(h), strict=True)), start=h.since or now, opened_by_pass=pass_id
+            )
             for h in plan.open
         ],
         batch_size=1000,

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
 from operator import attrgetter
 
 from binder.engine.launcher import VmiLookup, raw_usage_of
@@ -49,6 +50,11 @@ class Holding:
     phase, units or key (a device's class) closes the old record and opens a new one.
     ``subject_uid`` tells apart two pods of the same name (a pod deleted and created
     again is another subject); devices leave it empty.
+
+    ``since`` is when the holding began, where that is known: a device's ``since`` (the
+    pass that bound it or made it Lost set it, perhaps an answer pass well before the full
+    pass that writes records). It is not part of the identity (nor of the order), so a
+    record opened at another instant still stands for the same holding and never churns.
     """
 
     namespace: str
@@ -61,6 +67,7 @@ class Holding:
     node: str
     phase: RecordPhase
     vm_name: str = ""
+    since: datetime | None = field(default=None, compare=False)
 
     @property
     def subject_key(self) -> tuple[str, str, str, str, str]:
@@ -71,27 +78,31 @@ class Holding:
 #: A holding's sort key: its fields in order, the order ``order=True`` defines, as one
 #: tuple built in C. Sorting a million holdings through the generated ``__lt__`` took
 #: 16M Python calls (a third of a worker's start from scratch at 1M devices).
-HOLDING_ORDER = attrgetter(*(f.name for f in fields(Holding)))
+HOLDING_ORDER = attrgetter(*(f.name for f in fields(Holding) if f.compare))
 
 
 @dataclass(frozen=True, slots=True)
 class OpenRecord:
-    """A record that is open in storage: its row id and what it says is held."""
+    """A record that is open in storage: its row id, what it says is held, and since when
+    (None where the caller does not know: then no change is dated before the pass)."""
 
     id: int
     holding: Holding
+    start: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class UsagePlan:
     """What to write: close these open records, open records for these holdings.
 
-    Closing and opening happen at the same instant (the pass's time), so a device that
-    moves has one record ending exactly where the next begins.
+    ``ends`` (beside ``close``, one each) is when each record stops and each opening
+    holding's ``since`` when its record starts; None means the pass's time. A subject whose
+    record is replaced has the old one ending exactly where the next begins.
     """
 
     close: tuple[int, ...] = ()
     open: tuple[Holding, ...] = ()
+    ends: tuple[datetime | None, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.close or self.open)
@@ -142,6 +153,7 @@ def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) 
                 node=device.node if bound else "",
                 phase=RecordPhase.BOUND if bound else RecordPhase.LOST,
                 vm_name=device.vm_name,
+                since=device.since,
             )
         )
     return found
@@ -205,19 +217,85 @@ def holdings(
     )
 
 
-def reconcile_usage(open_records: Iterable[OpenRecord], current: Iterable[Holding]) -> UsagePlan:
+def reconcile_usage(
+    open_records: Iterable[OpenRecord],
+    current: Iterable[Holding],
+    now: datetime | None = None,
+    *,
+    recorded_until: datetime | None = None,
+    device_since: Mapping[tuple[str, str], datetime | None] | None = None,
+) -> UsagePlan:
     """Close the open records that no longer hold, open records for new holdings.
 
     An open record whose holding is still current stays open untouched. Should storage
     ever hold two open records of one holding, the later ones are closed, so each
     holding keeps exactly one. The plan is deterministic (ids and holdings sorted).
+
+    With ``now`` (the pass's time) the plan is dated: a record that a subject's change
+    replaces ends, and the next begins, when the change happened (the holding's
+    ``since``), not when this pass ran, which may be seconds later; a device that holds
+    no more (``device_since``: the devices that still exist, by namespace and name)
+    stops at its own ``since``. ``recorded_until`` is the time of the previous pass that
+    wrote records: every change before it has its records already, so an older ``since``
+    was not set by a pass (a snapshot loaded with its own times) and dates nothing; without
+    it no ``since`` is trusted. See :func:`change_time`. Without ``now`` every time is
+    left to the caller.
     """
     wanted = Counter(current)
-    close: list[int] = []
+    closing: list[OpenRecord] = []
     for record in sorted(open_records, key=lambda r: r.id):
         if wanted[record.holding] > 0:
             wanted[record.holding] -= 1
         else:
-            close.append(record.id)
+            closing.append(record)
     opening = sorted((holding for holding, count in wanted.items() for _ in range(count)), key=HOLDING_ORDER)
-    return UsagePlan(close=tuple(close), open=tuple(opening))
+    close = tuple(r.id for r in closing)
+    if now is None:
+        return UsagePlan(close=close, open=tuple(replace(h, since=None) if h.since else h for h in opening))
+    ended: dict[tuple[str, str, str, str], list[OpenRecord]] = defaultdict(list)
+    for record in closing:
+        ended[_who(record.holding)].append(record)
+    began: dict[tuple[str, str, str, str], datetime] = {}
+    dated: list[Holding] = []
+    for holding in opening:
+        who = _who(holding)
+        if who not in began:
+            began[who] = change_time(holding.since, [r.start for r in ended.get(who, ())], now, recorded_until)
+        dated.append(replace(holding, since=began[who]))
+    known = device_since or {}
+    ends: list[datetime] = []
+    for record in closing:
+        who = _who(record.holding)
+        if who in began:
+            ends.append(began[who])  # the next record of this subject begins where this one ends
+            continue
+        since = known.get((who[0], who[2])) if record.holding.subject_kind is SubjectKind.GPU else None
+        ends.append(change_time(since, [r.start for r in ended[who]], now, recorded_until))
+    return UsagePlan(close=close, open=tuple(dated), ends=tuple(ends))
+
+
+def change_time(
+    since: datetime | None, starts: Sequence[datetime | None], now: datetime, recorded_until: datetime | None
+) -> datetime:
+    """When a subject's change happened, for the records it ends and begins.
+
+    Its ``since`` when that is known, from ``recorded_until`` up to ``now``, and later
+    than the start of every record the change ends: a ``since`` no later than such a start
+    was not set by this change (a class's units edited, a device of a deleted class: phase
+    and node stand still) and a record of unknown start may have begun after it. Otherwise
+    the pass's ``now``, or a start later than it (clocks of two processes): a record never
+    ends before it began, and the next never begins before the last ended.
+    """
+    if (
+        since is not None
+        and recorded_until is not None
+        and recorded_until <= since <= now
+        and all(start is not None and start < since for start in starts)
+    ):
+        return since
+    return max([now, *(start for start in starts if start is not None)])
+
+
+def _who(holding: Holding) -> tuple[str, str, str, str]:
+    """The subject, whatever resource it holds: a change of class may change the resource."""
+    return (holding.namespace, holding.subject_kind.value, holding.subject, holding.subject_uid)

@@ -28,7 +28,7 @@ Everything comes from the environment:
     Processes (default 2) and the threads per process that run the Django application
     (default 16).
 ``GPUPLANE_WEBHOOK_QUEUE``
-    Calls a process admits beyond its threads (default 16), waiting for one; past threads +
+    Calls a process admits beyond its threads (default 16, may be 0), waiting for one; past threads +
     queue a review is answered "try again" at once from granian's event loop
     (``webhooks.front``) instead of queueing behind the rest.
 ``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS`` / ``GPUPLANE_WEBHOOK_BACKPRESSURE``
@@ -103,7 +103,7 @@ def options() -> dict[str, object]:
 
 def pool_sizes() -> tuple[int, int]:
     """The threads that run the application in each process, and the calls queued for them."""
-    return positive_int("GPUPLANE_WEBHOOK_THREADS", 16), positive_int("GPUPLANE_WEBHOOK_QUEUE", 16)
+    return positive_int("GPUPLANE_WEBHOOK_THREADS", 16), positive_int("GPUPLANE_WEBHOOK_QUEUE", 16, minimum=0)
 
 
 _FRONT: list[Any] = []

@@ -603,6 +603,11 @@ def burst_figures(calls: list[Call], start: float, args: argparse.Namespace) -> 
         "after": cases(after),
         "try_again_p50_ms": pct([c.latency for c in shed], 50) * 1000 if shed else None,
         "try_again_p99_ms": pct([c.latency for c in shed], 99) * 1000 if shed else None,
+        # Where a shed call spent its time: late in the load generator (due -> sent) or
+        # between the send and the answer (the server, and the client's own event loop).
+        "try_again_send_lag_p99_ms": pct([c.sent - c.due for c in shed], 99) * 1000 if shed else None,
+        "try_again_from_send_p50_ms": pct([c.done - c.sent for c in shed], 50) * 1000 if shed else None,
+        "try_again_from_send_p99_ms": pct([c.done - c.sent for c in shed], 99) * 1000 if shed else None,
         "recovered_after_s": recovered,
         "windows_after": [
             {"calls": len(w), "healthy": healthy(w, limit), "p99_ms": pct([c.latency for c in w], 99) * 1000}
@@ -959,7 +964,9 @@ def burst_line(b: dict[str, Any]) -> str:
     healed = "never" if b["recovered_after_s"] is None else f"{b['recovered_after_s']:g} s"
     return (
         f"Burst: {b['rate']:g} calls/s from {b['at_s']:g} s for {b['seconds']:g} s; 'try again' answers "
-        f"p50 / p99: {b['try_again_p50_ms'] or 0:.0f} / {b['try_again_p99_ms'] or 0:.0f} ms; healthy again "
+        f"p50 / p99: {b['try_again_p50_ms'] or 0:.0f} / {b['try_again_p99_ms'] or 0:.0f} ms (from the send "
+        f"{b['try_again_from_send_p50_ms'] or 0:.0f} / {b['try_again_from_send_p99_ms'] or 0:.0f} ms; send lag p99 "
+        f"{b['try_again_send_lag_p99_ms'] or 0:.0f} ms); healthy again "
         f"{healed} after the burst "
         f"(every 1 s window from then: no errors, no 'try again', p99 <= {b['healthy_p99_limit_ms']:.0f} ms)."
     )

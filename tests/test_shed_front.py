@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from tests.factories import new_vmi, review
-from webhooks.binding import PLACES
 from webhooks.front import ARRIVED, Front
 
 TOKEN = "apiserver-token-for-tests-" + "y" * 16
@@ -208,41 +207,3 @@ def test_below_the_limit_the_application_gets_the_call_as_wsgi_with_its_arrival(
     assert environ["body"] == protocol.body and environ["REMOTE_ADDR"] == "127.0.0.1"
     assert isinstance(environ[ARRIVED], float)
     assert front.admitted == 0 and front.shed == 0
-
-
-class Waiting(Held):
-    """Its calls wait for "the binder" as ``webhooks.binding`` does: with their place given back."""
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        with PLACES.given_back():
-            return super().__call__(environ, start_response)
-
-
-def test_a_call_waiting_for_the_binder_leaves_its_place_to_the_next(open_webhook: None) -> None:
-    app = Waiting()
-    front = Front(app, threads=1, queue=0, waiting=1)
-    second = _call("POST", "/webhooks/vmi", review(new_vmi("t1", "vm2", ["gpu1"])), AUTH)
-    third = _call("POST", "/webhooks/vmi", review(new_vmi("t1", "vm3", ["gpu2"])), AUTH)
-
-    async def while_waiting() -> None:
-        loop = asyncio.get_running_loop()
-        first = asyncio.ensure_future(
-            front.__rsgi__(*_call("POST", "/webhooks/vmi", review(new_vmi("t1", "vm1", ["gpu0"])), AUTH))
-        )
-        await loop.run_in_executor(None, app.entered.acquire)
-        assert front.admitted == 1 and PLACES.away == 1 and front.busy() == 0
-        admitted = asyncio.ensure_future(front.__rsgi__(*second))
-        await loop.run_in_executor(None, app.entered.acquire)  # the second reached the application
-        assert front.admitted == 2 and PLACES.away == 2
-        # The pool's threads are all taken (one place, one waiting): the third is shed.
-        await front.__rsgi__(*third)
-        app.release.set()
-        await asyncio.gather(first, admitted)
-
-    try:
-        asyncio.run(while_waiting())
-    finally:
-        front.__rsgi_del__(asyncio.new_event_loop())
-    assert [e["body"] for e in app.environs][1] == second[1].body
-    assert third[1].answer is not None and "the webhook is busy with 2 calls" in third[1].answer[2].decode()
-    assert front.shed == 1 and front.admitted == 0 and PLACES.away == 0

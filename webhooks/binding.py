@@ -312,11 +312,10 @@ def _wait(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
-        with PLACES.given_back():
-            if listener is not None:
-                seen = woken = listener.wait(seen, min(remaining, RECHECK_SECONDS))
-            else:
-                time.sleep(min(remaining, POLL_SECONDS))
+        if listener is not None:
+            seen = woken = listener.wait(seen, min(remaining, RECHECK_SECONDS))
+        else:
+            time.sleep(min(remaining, POLL_SECONDS))
 
 
 def annotate_in_cluster(
@@ -494,64 +493,6 @@ def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str,
 
 #: This process's shared answer reads.
 ANSWER_READS = AnswerReads()
-
-
-class Places:
-    """The places where calls run in the webhook server's pool (``webhooks.front``).
-
-    The front runs each admitted call in a pool thread that first takes one of ``size``
-    places (in arrival order), so no more calls than that compete for the GIL and the two
-    cores. A call waiting for the binder gives its place back while it sleeps: it needs no
-    CPU until the answer, and a burst of new orders would otherwise leave Bound calls
-    queued behind threads that only wait (the front does not count such calls against its
-    limit either: :attr:`away`). Served any other way (gunicorn, the test client), the
-    places are never sized and both context managers do nothing.
-    """
-
-    def __init__(self) -> None:
-        self._free: threading.Semaphore | None = None
-        self._mine = threading.local()
-        self._count = threading.Lock()
-        #: Calls that gave their place back and wait for the binder.
-        self.away = 0
-
-    def size(self, places: int) -> None:
-        self._free = threading.Semaphore(places)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Run the block holding a place (waiting for one first)."""
-        free = self._free
-        if free is None:
-            yield
-            return
-        free.acquire()
-        self._mine.held = True
-        try:
-            yield
-        finally:
-            self._mine.held = False
-            free.release()
-
-    @contextlib.contextmanager
-    def given_back(self) -> Iterator[None]:
-        """Run the block (a sleep until the binder answers) without this thread's place."""
-        free = self._free
-        if free is None or not getattr(self._mine, "held", False):
-            yield
-            return
-        free.release()
-        with self._count:
-            self.away += 1
-        try:
-            yield
-        finally:
-            with self._count:
-                self.away -= 1
-            free.acquire()
-
-
-PLACES = Places()
 
 
 def answers_of(

@@ -302,9 +302,8 @@ def too_many_waiting(review: Review, limit: int) -> Verdict:
 
 
 def overloaded(review: Review, busy: int) -> Verdict:
-    """This process already has ``busy`` calls admitted, as many as it holds at once (those
-    waiting for the binder included): shed this one at once, before it queues behind them
-    past the apiserver's deadline."""
+    """This process already has ``busy`` calls admitted, as many as it holds at once: shed this
+    one at once, before it queues behind them past the apiserver's deadline."""
     return _deny(
         review,
         f"VMI {review.namespace}/{review.name}: the webhook is busy with {busy} calls, as many as it "

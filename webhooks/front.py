@@ -6,16 +6,11 @@ beyond them (up to ``backpressure``, 1024 per process) in front of the threads. 
 calls/s burst thousands queued there, the app's own shedding saw each call only seconds
 later, and "try again" took 4.7 s at p99 (13 s to recover). Here granian hands each call
 to this object in its event loop (the RSGI interface) the moment its header is in, and the
-loop counts the calls it has admitted: below ``limit`` (``GPUPLANE_WEBHOOK_THREADS`` plus a
-short queue, ``GPUPLANE_WEBHOOK_QUEUE``) the call goes to the pool, where the Django
-application runs it unchanged (a WSGI environ is built for it) once it holds one of the
-``GPUPLANE_WEBHOOK_THREADS`` places (``webhooks.binding.PLACES``, taken in arrival order);
-at the limit a review is answered "try again" from the loop at once, in the
-AdmissionReview shape the view gives every other denial, after the same caller and size
-checks, made before the body is read. A call asleep until the binder answers gives its
-place back and does not count against the limit (a burst of new orders would otherwise
-shed every Bound call for as long as the binder takes); the pool has a thread for
-:data:`WAITING` such calls beyond the limit. A review naming no gpuplane device
+loop counts the calls it has admitted: below ``limit`` (the pool's threads plus a short
+queue) the call goes to the pool, where the Django application runs it unchanged (a WSGI
+environ is built for it); at the limit a review is answered "try again" from the loop at
+once, in the AdmissionReview shape the view gives every other denial, after the same
+caller and size checks, made before the body is read. A review naming no gpuplane device
 needs no read model and is still allowed from the loop: shedding it would fail a VMI
 CREATE for nothing. Anything else (the probes, a wrong path or method) always goes to the
 pool: a liveness probe shed under load would get the pod restarted.
@@ -38,16 +33,12 @@ from typing import Any, Protocol
 import orjson
 
 from webhooks.admission import MirrorView, decide, overloaded, response
-from webhooks.binding import PLACES
 from webhooks.views import JSON_MEDIA_TYPE, Refused, gate, review_of
 
 #: The environ key holding the call's arrival (``time.monotonic()``) in the event loop.
 ARRIVED = "gpuplane.arrived"
 WEBHOOK_PATH = "/webhooks/vmi"
 JSON_HEADERS = [("content-type", JSON_MEDIA_TYPE)]
-#: Calls a process lets wait for the binder beyond its limit (each holds a pool thread,
-#: asleep); past them every review is shed too.
-WAITING = 256
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Answer = tuple[int, list[tuple[str, str]], bytes]
@@ -137,23 +128,20 @@ def _refused_answer(refused: Refused) -> Answer:
 
 
 class Front:
-    """The RSGI application granian serves the webhook with (``deploy.webhook_server.webhook``).
+    """The RSGI application granian serves the webhook with (``gpuplane.wsgi.webhook``).
 
-    ``threads`` calls run the WSGI application at once; at most ``threads + queue`` calls
-    not waiting for the binder are admitted, and ``waiting`` more that are; the rest of the
-    reviews are answered from the loop.
+    ``threads`` run the WSGI application; at most ``threads + queue`` calls are admitted at
+    once, the rest of the reviews are answered from the loop.
     """
 
-    def __init__(self, app: WsgiApp, threads: int, queue: int, waiting: int = WAITING) -> None:
+    def __init__(self, app: WsgiApp, threads: int, queue: int) -> None:
         self.app = app
+        self.threads = threads
         self.limit = threads + queue
-        #: A thread for every admitted call, and for ``waiting`` more that wait for the binder.
-        self.threads = self.limit + waiting
         self.admitted = 0
         self.shed = 0
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        PLACES.size(threads)
 
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -161,13 +149,6 @@ class Front:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="webhook")
         return self._pool
-
-    def busy(self) -> int:
-        """The admitted calls that count against the limit: those not waiting for the binder."""
-        return self.admitted - PLACES.away
-
-    def full(self) -> bool:
-        return self.busy() >= self.limit or self.admitted >= self.threads
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.pool()
@@ -193,7 +174,7 @@ class Front:
         if refused is not None:
             return _refused_answer(refused)
         body = await protocol()
-        if not self.full():
+        if self.admitted < self.limit:
             return await self.run(scope, body, arrived)
         review = review_of(body, headers.get("content-type") or "")
         if isinstance(review, Refused):
@@ -210,10 +191,6 @@ class Front:
         self.admitted += 1
         try:
             environ = environ_of(scope, body, arrived)
-            return await asyncio.get_running_loop().run_in_executor(self.pool(), self._in_place, environ)
+            return await asyncio.get_running_loop().run_in_executor(self.pool(), run_wsgi, self.app, environ)
         finally:
             self.admitted -= 1
-
-    def _in_place(self, environ: dict[str, Any]) -> Answer:
-        with PLACES.held():
-            return run_wsgi(self.app, environ)

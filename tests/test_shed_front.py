@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -207,3 +208,26 @@ def test_below_the_limit_the_application_gets_the_call_as_wsgi_with_its_arrival(
     assert environ["body"] == protocol.body and environ["REMOTE_ADDR"] == "127.0.0.1"
     assert isinstance(environ[ARRIVED], float)
     assert front.admitted == 0 and front.shed == 0
+
+
+@pytest.mark.django_db(transaction=True)  # the answer pass runs at commit
+def test_a_call_that_spent_its_time_queued_for_a_thread_writes_nothing(client: Any, settings: Any) -> None:
+    from binder import models
+    from binder.mirror.snapshot import load_objects
+    from tests.shapes import H100, class_obj, gpu_obj, node_obj
+
+    settings.GPUPLANE_WEBHOOK_ENABLED, settings.GPUPLANE_WEBHOOK_AUTH = True, "none"
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8}), gpu_obj("train", "gpu0", "h100", "vm1")])
+    body = json.dumps(review(new_vmi("train", "vm1", ["gpu0"])))
+    # Arrived in the server's event loop 9 s ago: of the apiserver's 10 s, less than the
+    # 1.5 s margin is left, so it must not write a bind request it cannot wait for.
+    aged = {ARRIVED: time.monotonic() - 9}
+    resp = client.post("/webhooks/vmi?timeout=10s", data=body, content_type="application/json", **aged)
+    answer = resp.json()["response"]
+    assert answer["allowed"] is False and "did not answer within 0s" in answer["status"]["message"]
+    assert set(models.GpuDevice.objects.values_list("bind_request", flat=True)) == {""}
+    # Arrived just now, the same call binds.
+    resp = client.post(
+        "/webhooks/vmi?timeout=10s", data=body, content_type="application/json", **{ARRIVED: time.monotonic()}
+    )
+    assert resp.json()["response"]["allowed"] is True, resp.json()["response"]

@@ -30,7 +30,7 @@ Everything comes from the environment:
 ``GPUPLANE_WEBHOOK_QUEUE``
     Calls a process admits beyond its threads (default 16, may be 0), waiting for one; past threads +
     queue a review is answered "try again" at once from granian's event loop
-    (``webhooks.front``) instead of queueing behind the rest.
+    (``webhooks.views``) instead of queueing behind the rest.
 ``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS`` / ``GPUPLANE_WEBHOOK_BACKPRESSURE``
     The header deadline (default 5000) and the connections a process serves at once (default
     1024; granian counts a connection still sending its header), past which new ones wait.
@@ -80,7 +80,7 @@ def options() -> dict[str, object]:
             tls |= {"ssl_ca": client_ca, "ssl_client_verify": True}
     pool_sizes()
     return {
-        # Served through granian's RSGI interface: each call reaches webhooks.front in the
+        # Served through granian's RSGI interface: each call reaches webhooks.views in the
         # event loop as soon as its header is in, so a call past the limit is shed at once
         # rather than queued by granian in front of blocking threads (issue 23).
         "target": "deploy.webhook_server:webhook",
@@ -116,7 +116,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     if not _FRONT:
         from gpuplane.wsgi import application
-        from webhooks.front import Front
+        from webhooks.views import Front
 
         _FRONT.append(Front(application, *pool_sizes()))
     return _FRONT[0]

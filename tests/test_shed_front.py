@@ -1,4 +1,4 @@
-"""The webhook server's admission step (``webhooks.views``), in process.
+"""The webhook server's admission step (``webhooks.views.Front``), in process.
 
 The front admits at most ``threads + queue`` calls per process into its pool; past that a
 review is answered from the event loop: "try again" in the AdmissionReview shape of every

@@ -409,12 +409,10 @@ class Front:
         if scope.path == WEBHOOK_PATH and scope.method == "POST":
             answer = await self.review(scope, protocol, arrived)
         else:
-            await self.run(scope, protocol, await protocol(), arrived)
-            answer = None
-        if answer is not None:
-            protocol.response_bytes(*answer)
+            answer = await self.run(scope, await protocol(), arrived)
+        protocol.response_bytes(*answer)
 
-    async def review(self, scope: Scope, protocol: HttpProtocol, arrived: float) -> Answer | None:
+    async def review(self, scope: Scope, protocol: HttpProtocol, arrived: float) -> Answer:
         """A review: the view's checks before its body is read; then the pool, or at the limit
         "try again" from here (naming no gpuplane device, the decision, which needs nothing
         but the review)."""
@@ -424,8 +422,7 @@ class Front:
             return _refused_answer(refused)
         body = await protocol()
         if self.admitted < self.limit:
-            await self.run(scope, protocol, body, arrived)
-            return None
+            return await self.run(scope, body, arrived)
         review = review_of(body, headers.get("content-type") or "")
         if isinstance(review, Refused):
             return _refused_answer(review)
@@ -436,16 +433,11 @@ class Front:
             verdict = decide(review, MirrorView(namespace=review.namespace))
         return 200, JSON_HEADERS, orjson.dumps(response(verdict))
 
-    async def run(self, scope: Scope, protocol: HttpProtocol, body: bytes, arrived: float) -> None:
-        """Run the call in the pool, which also sends the answer (granian's protocol object
-        takes it from any thread: the answer leaves without waiting for the event loop's
-        turn at the GIL); the admitted count covers the call until it is answered."""
+    async def run(self, scope: Scope, body: bytes, arrived: float) -> Answer:
+        """Run the call in the pool; the admitted count covers it until it is answered."""
         self.admitted += 1
         try:
             environ = environ_of(scope, body, arrived)
-            await asyncio.get_running_loop().run_in_executor(self.pool(), self._answer, protocol, environ)
+            return await asyncio.get_running_loop().run_in_executor(self.pool(), run_wsgi, self.app, environ)
         finally:
             self.admitted -= 1
-
-    def _answer(self, protocol: HttpProtocol, environ: dict[str, Any]) -> None:
-        protocol.response_bytes(*run_wsgi(self.app, environ))

@@ -27,10 +27,12 @@ Everything comes from the environment:
 ``GPUPLANE_WEBHOOK_WORKERS`` / ``GPUPLANE_WEBHOOK_THREADS``
     Processes (default 2) and the threads per process that run the Django application
     (default 16).
-``GPUPLANE_WEBHOOK_QUEUE``
-    Calls a process admits beyond its threads (default 16, may be 0), waiting for one; past threads +
-    queue a review is answered "try again" at once from granian's event loop
-    (``webhooks.views``) instead of queueing behind the rest.
+``GPUPLANE_WEBHOOK_SHED`` / ``GPUPLANE_WEBHOOK_QUEUE``
+    ``true``: serve through granian's RSGI interface and ``webhooks.views.Front``, which
+    admits at most threads + queue calls per process (queue default 16, may be 0) and answers
+    a review beyond them "try again" at once from the event loop instead of queueing it behind
+    the rest. Default ``false``: granian's WSGI interface, as before (on the 2-core bench
+    machine the front cost Bound calls throughput and CPU; docs/webhook.md).
 ``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS`` / ``GPUPLANE_WEBHOOK_BACKPRESSURE``
     The header deadline (default 5000) and the connections a process serves at once (default
     1024; granian counts a connection still sending its header), past which new ones wait.
@@ -78,17 +80,23 @@ def options() -> dict[str, object]:
         tls = {"ssl_cert": cert, "ssl_key": key, "ssl_protocol_min": SSLProtocols.tls12}
         if auth == "client-cert":
             tls |= {"ssl_ca": client_ca, "ssl_client_verify": True}
-    pool_sizes()
+    threads, _ = pool_sizes()
+    if shedding():
+        # granian's RSGI interface: each call reaches webhooks.views.Front in the event loop
+        # as soon as its header is in, so a call past the limit is shed at once rather than
+        # queued by granian in front of blocking threads (issue 23).
+        served: dict[str, object] = {
+            "target": "deploy.webhook_server:webhook",
+            "interface": Interfaces.RSGI,
+            "websockets": False,
+        }
+    else:
+        served = {"target": "gpuplane.wsgi:application", "interface": Interfaces.WSGI, "blocking_threads": threads}
     return {
-        # Served through granian's RSGI interface: each call reaches webhooks.views in the
-        # event loop as soon as its header is in, so a call past the limit is shed at once
-        # rather than queued by granian in front of blocking threads (issue 23).
-        "target": "deploy.webhook_server:webhook",
+        **served,
         "address": host,
         "port": int(port),
-        "interface": Interfaces.RSGI,
         "http": HTTPModes.http1,
-        "websockets": False,
         "workers": positive_int("GPUPLANE_WEBHOOK_WORKERS", 2),
         "backpressure": positive_int("GPUPLANE_WEBHOOK_BACKPRESSURE", 1024),
         "backlog": 2048,
@@ -99,6 +107,11 @@ def options() -> dict[str, object]:
         "log_access": boolean("GPUPLANE_WEBHOOK_ACCESS_LOG", False),
         **tls,
     }
+
+
+def shedding() -> bool:
+    """Whether calls past the limit are shed from the event loop (``GPUPLANE_WEBHOOK_SHED``)."""
+    return boolean("GPUPLANE_WEBHOOK_SHED", False)
 
 
 def pool_sizes() -> tuple[int, int]:

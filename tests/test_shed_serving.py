@@ -56,6 +56,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "GPUPLANE_WEBHOOK_WORKERS": "1",
         "GPUPLANE_WEBHOOK_THREADS": "1",
         "GPUPLANE_WEBHOOK_QUEUE": "0",
+        "GPUPLANE_WEBHOOK_SHED": "true",
     }
     snapshot = tmp_path / "cluster.json"
     snapshot.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
@@ -146,3 +147,21 @@ def test_the_pool_sizes_default_to_sixteen_threads_and_sixteen_queued(monkeypatc
     assert sizes() == (16, 0)
     monkeypatch.delenv("GPUPLANE_WEBHOOK_QUEUE")
     assert sizes() == (16, 16)
+
+
+def test_the_server_sheds_from_its_event_loop_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from granian.constants import Interfaces
+
+    monkeypatch.setenv("GPUPLANE_WEBHOOK_THREADS", "6")
+    monkeypatch.delenv("GPUPLANE_WEBHOOK_SHED", raising=False)
+    options = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")["options"]
+    served = options()
+    assert served["interface"] is Interfaces.WSGI and served["target"] == "gpuplane.wsgi:application"
+    assert served["blocking_threads"] == 6
+    monkeypatch.setenv("GPUPLANE_WEBHOOK_SHED", "true")
+    served = options()
+    assert served["interface"] is Interfaces.RSGI and served["target"] == "deploy.webhook_server:webhook"
+    assert "blocking_threads" not in served
+    monkeypatch.setenv("GPUPLANE_WEBHOOK_SHED", "sometimes")
+    with pytest.raises(ServingError, match="GPUPLANE_WEBHOOK_SHED='sometimes' is not a boolean"):
+        options()

@@ -26,15 +26,15 @@ CLUSTER_NEEDS_TLS = (
 )
 
 
-def positive_int(name: str, default: int) -> int:
-    """``name`` as an integer of at least 1 (``default`` when unset or empty)."""
+def positive_int(name: str, default: int, minimum: int = 1) -> int:
+    """``name`` as an integer of at least ``minimum`` (``default`` when unset or empty)."""
     raw = os.environ.get(name) or str(default)
     try:
         value = int(raw)
     except ValueError:
         raise ServingError(f"{name}={raw!r} is not an integer") from None
-    if value < 1:
-        raise ServingError(f"{name}={raw!r} must be at least 1")
+    if value < minimum:
+        raise ServingError(f"{name}={raw!r} must be at least {minimum}")
     return value
 
 

@@ -25,7 +25,14 @@ Everything comes from the environment:
 ``GPUPLANE_WEBHOOK_BIND``
     Address, default ``0.0.0.0:8443`` with TLS, ``127.0.0.1:8001`` without.
 ``GPUPLANE_WEBHOOK_WORKERS`` / ``GPUPLANE_WEBHOOK_THREADS``
-    Processes (default 2) and Python threads per process (default 16).
+    Processes (default 2) and the threads per process that run the Django application
+    (default 16).
+``GPUPLANE_WEBHOOK_SHED`` / ``GPUPLANE_WEBHOOK_QUEUE``
+    ``true``: serve through granian's RSGI interface and ``webhooks.views.Front``, which
+    admits at most threads + queue calls per process (queue default 16, may be 0) and answers
+    a review beyond them "try again" at once from the event loop instead of queueing it behind
+    the rest. Default ``false``: granian's WSGI interface, as before (on the 2-core bench
+    machine the front cost Bound calls throughput and CPU; docs/webhook.md).
 ``GPUPLANE_WEBHOOK_HEADER_TIMEOUT_MS`` / ``GPUPLANE_WEBHOOK_BACKPRESSURE``
     The header deadline (default 5000) and the connections a process serves at once (default
     1024; granian counts a connection still sending its header), past which new ones wait.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
@@ -72,14 +80,24 @@ def options() -> dict[str, object]:
         tls = {"ssl_cert": cert, "ssl_key": key, "ssl_protocol_min": SSLProtocols.tls12}
         if auth == "client-cert":
             tls |= {"ssl_ca": client_ca, "ssl_client_verify": True}
+    threads, _ = pool_sizes()
+    if shedding():
+        # granian's RSGI interface: each call reaches webhooks.views.Front in the event loop
+        # as soon as its header is in, so a call past the limit is shed at once rather than
+        # queued by granian in front of blocking threads (issue 23).
+        served: dict[str, object] = {
+            "target": "deploy.webhook_server:webhook",
+            "interface": Interfaces.RSGI,
+            "websockets": False,
+        }
+    else:
+        served = {"target": "gpuplane.wsgi:application", "interface": Interfaces.WSGI, "blocking_threads": threads}
     return {
-        "target": "gpuplane.wsgi:application",
+        **served,
         "address": host,
         "port": int(port),
-        "interface": Interfaces.WSGI,
         "http": HTTPModes.http1,
         "workers": positive_int("GPUPLANE_WEBHOOK_WORKERS", 2),
-        "blocking_threads": positive_int("GPUPLANE_WEBHOOK_THREADS", 16),
         "backpressure": positive_int("GPUPLANE_WEBHOOK_BACKPRESSURE", 1024),
         "backlog": 2048,
         "http1_settings": HTTP1Settings(
@@ -89,6 +107,32 @@ def options() -> dict[str, object]:
         "log_access": boolean("GPUPLANE_WEBHOOK_ACCESS_LOG", False),
         **tls,
     }
+
+
+def shedding() -> bool:
+    """Whether calls past the limit are shed from the event loop (``GPUPLANE_WEBHOOK_SHED``)."""
+    return boolean("GPUPLANE_WEBHOOK_SHED", False)
+
+
+def pool_sizes() -> tuple[int, int]:
+    """The threads that run the application in each process, and the calls queued for them."""
+    return positive_int("GPUPLANE_WEBHOOK_THREADS", 16), positive_int("GPUPLANE_WEBHOOK_QUEUE", 16, minimum=0)
+
+
+_FRONT: list[Any] = []
+
+
+def __getattr__(name: str) -> Any:
+    """``webhook``, the application each granian worker serves, built on first use in the
+    worker (importing this module in the server's own process builds no Django)."""
+    if name != "webhook":
+        raise AttributeError(name)
+    if not _FRONT:
+        from gpuplane.wsgi import application
+        from webhooks.views import Front
+
+        _FRONT.append(Front(application, *pool_sizes()))
+    return _FRONT[0]
 
 
 def main() -> None:

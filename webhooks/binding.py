@@ -214,8 +214,9 @@ def bind_and_wait(
     wait = float(settings.GPUPLANE_BIND_WAIT_SECONDS) if wait is None else wait
     deadline = started + wait
     names = verdict.bind
-    if wait <= 0:
-        # No time left to wait for anything: write nothing, answer at once.
+    if wait <= 0 or deadline <= time.monotonic():
+        # No time left to wait for anything (the budget is spent, or the call spent it
+        # queued for a thread): write nothing, answer at once.
         return timed_out(review, 0.0)
     limit = settings.GPUPLANE_WEBHOOK_MAX_WAITING
     if not ANSWER_READS.enter(limit):

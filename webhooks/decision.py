@@ -301,6 +301,16 @@ def too_many_waiting(review: Review, limit: int) -> Verdict:
     )
 
 
+def overloaded(review: Review, busy: int) -> Verdict:
+    """This process already has ``busy`` calls admitted, as many as it holds at once: shed this
+    one at once, before it queues behind them past the apiserver's deadline."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: the webhook is busy with {busy} calls, as many as it "
+        "holds at once (GPUPLANE_WEBHOOK_THREADS + GPUPLANE_WEBHOOK_QUEUE); try again",
+    )
+
+
 def set_changed(review: Review) -> Verdict:
     """The set's rows changed between the decision and the bind-request write."""
     return _deny(
@@ -400,6 +410,7 @@ __all__ = [
     "advisory_budget_refusal",
     "conclude",
     "decide",
+    "overloaded",
     "response",
     "scheduling_conflict",
     "timed_out",

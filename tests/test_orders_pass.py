@@ -104,9 +104,7 @@ def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(monkeypatch
             continue
         assert rows[device.name] == (device.phase.value, device.node, "h100", device.reason), object_id
     assert all(phase == "Bound" and node in ("n1", "n2") for phase, node, _, _ in rows.values())
-    written = set(
-        models.Change.objects.filter(position__gt=before, kind="GPU", op="U").values_list("name", flat=True)
-    )
+    written = set(models.Change.objects.filter(position__gt=before, kind="GPU", op="U").values_list("name", flat=True))
     assert written == {name for name in rows if name != "old-gpu0"}
     # The table of the transaction is gone, and the next pass reads none of its own writes.
     with connection.cursor() as cursor:

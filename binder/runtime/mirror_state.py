@@ -310,6 +310,17 @@ class MirrorState:
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
         """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
         once for the sets touched (a pass binding 10k sets writes 26k devices)."""
+        if (
+            old is not None
+            and new is not None
+            and old.name == new.name
+            and old.namespace == new.namespace
+            and old.vm_name == new.vm_name
+        ):
+            # The common case (a pass placed the device): same key, same set, only the record moves.
+            self.device_ids[(new.namespace, new.name)] = object_id
+            self.members[(new.namespace, new.vm_name)][new.name] = new
+            return
         if old is not None:
             if self.device_ids.get(old.key) == object_id:
                 del self.device_ids[old.key]

@@ -51,6 +51,8 @@ DECISION_TYPES = ("int8", "varchar", "varchar", "varchar", "varchar", "varchar",
                   "timestamptz")  # fmt: skip
 #: The columns of the device writes a pass COPYs (see ``_write_postgresql``).
 DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varchar", "text", "varchar")
+#: A phase's value without the enum's descriptor (26k lookups for 10k new orders).
+PHASE_VALUES = {phase: phase.value for phase in e.Phase}
 #: From this many changed devices a pass writes them through COPY (``_update_devices_by_copy``).
 COPY_DEVICES_FROM = 2000
 #: The fields a pass may write on a device.
@@ -384,7 +386,8 @@ def _update_devices_by_copy(raw: psycopg.Cursor[Any], changed: list[tuple[int, e
     with raw.copy("COPY gpuplane_device_writes FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(DEVICE_WRITE_TYPES)
         for row_id, d in changed:
-            copy.write_row((row_id, d.phase.value, d.node, d.since, d.reason, d.answered_request, d.answer, held_as(d)))
+            phase = PHASE_VALUES[d.phase]
+            copy.write_row((row_id, phase, d.node, d.since, d.reason, d.answered_request, d.answer, held_as(d)))
     raw.execute(
         "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
         " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"

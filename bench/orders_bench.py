@@ -116,12 +116,11 @@ def main() -> None:
         return
     setup_django(args.database_url, migrate=True)
     instrument()
-    from binder import models
-    from binder.runtime.passes import run_pass
-
     from django.test import override_settings
 
+    from binder import models
     from binder.runtime import checkpoint
+    from binder.runtime.passes import run_pass
     from binder.runtime.state import STATE
 
     delete_bench_sets()

@@ -70,6 +70,9 @@ def test_a_catch_up_of_new_changed_and_deleted_devices_equals_a_rebuild() -> Non
     assert {("t1", "n0"), ("t1", "o1"), ("t1", "o2"), ("t1", "old")} <= catch.dirty_sets
     assert ("t1", "old") in state.wanting
     _same_as_a_rebuild(state)
+    # The pass then places the new orders: what the state keeps per set follows it.
+    assert run_pass(models.PassKind.FULL, state).bound >= 4
+    _same_as_a_rebuild(state)
 
 
 @pytest.mark.django_db

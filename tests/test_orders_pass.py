@@ -85,12 +85,18 @@ def test_the_members_of_a_set_come_sorted_by_name() -> None:
 
 
 @pytest.mark.django_db
-def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("temp_refused", [False, True])
+def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, temp_refused: bool
+) -> None:
     """On PostgreSQL a pass writing many devices COPYs them into a table of its transaction
-    first: the rows, the feed entries and the worker's state come out the same."""
+    first: the rows, the feed entries and the worker's state come out the same. A database
+    user that may not create temporary tables gets the single statement instead."""
     if connection.vendor != "postgresql":
         pytest.skip("the COPY path is PostgreSQL's")
     monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    if temp_refused:  # what CREATE TEMP TABLE raises without the TEMP privilege
+        monkeypatch.setattr(passes, "DEVICE_WRITES_TABLE", "DO $$ BEGIN RAISE insufficient_privilege; END $$")
     load_objects(_cluster(6))
     state = ClusterState()
     before = models.Change.objects.order_by("-position").values_list("position", flat=True).first() or 0
@@ -113,6 +119,7 @@ def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(monkeypatch
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('gpuplane_device_writes')")
         assert cursor.fetchone()[0] is None
+    assert ("no temporary table for the device writes" in caplog.text) == temp_refused
     follow = run_pass(models.PassKind.FULL, state)
     assert follow.view in ("incremental", "unchanged") and follow.rows_read == 0
     _same_as_a_rebuild(state)

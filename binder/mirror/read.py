@@ -113,11 +113,12 @@ def fetch_ids(model: type[Any], columns: tuple[str, ...], ids: list[int]) -> Ite
         for i in range(0, len(ids), _IN_CHUNK):
             yield from model.objects.filter(id__in=ids[i : i + _IN_CHUNK]).order_by().values_list(*columns)
         return
-    sql = _select(model, columns) + " WHERE id = ANY(%s)"
+    sql = _select(model, columns) + " WHERE id = ANY(%s::bigint[])"
     with connection.cursor() as cursor:
         raw = _with_c_loaders(cursor.cursor)
         for i in range(0, len(ids), _BATCH):
-            raw.execute(sql, [ids[i : i + _BATCH]])
+            # The ids as one array literal: psycopg's list dumper is Python, a value at a time.
+            raw.execute(sql, ["{" + ",".join(map(str, ids[i : i + _BATCH])) + "}"])
             yield from raw.fetchall()
 
 

@@ -91,6 +91,8 @@ class MirrorState:
         self.cursor = FeedCursor(anchor_name=self.worker)
         self._tuples: dict[str, tuple[Any, ...]] = {}
         self._ledger: Ledger | None = None
+        #: Sorted set members while a catch-up brings sets current (see :meth:`set_members`).
+        self._members_memo: dict[SetKey, tuple[e.Device, ...]] | None = None
         #: What the engine derives from nodes and classes, kept while none of them changes.
         self.node_cache = NodeCache()
 
@@ -210,6 +212,9 @@ class MirrorState:
             found[row[0]] = convert(namespace, row[1], *row[width:])
         catch.rows_read += len(found)
         table = self.records[kind]
+        if kind == "GPU":
+            self._apply_devices(ordered, found, catch)
+            return
         changed = False
         sets: set[SetKey] = set()
         for object_id in ordered:
@@ -227,9 +232,49 @@ class MirrorState:
                 table[object_id] = new
             self._replaced(kind, object_id, old, new, sets)
         if sets:
-            self._sets_changed(sorted(sets))
+            self._bring_sets_current(sorted(sets))
         if changed:
             self._changed(kind)
+
+    def _apply_devices(self, ordered: list[int], found: dict[int, e.Device], catch: Catchup) -> None:
+        """:meth:`_apply` for devices, the one kind read by the ten thousand (a pass after
+        10k new orders re-reads 26k): the same bookkeeping with each record's keys taken
+        once and no per-record dispatch, about half the time of the generic loop."""
+        table = self.records["GPU"]
+        changed_keys = catch.changed["GPU"]
+        dirty = catch.dirty_sets
+        device_ids = self.device_ids
+        members = self.members
+        sets: set[SetKey] = set()
+        for object_id in ordered:
+            old, new = table.get(object_id), found.get(object_id)
+            if old == new:
+                continue
+            if old is not None:
+                key, set_key = (old.namespace, old.name), (old.namespace, old.vm_name)
+                changed_keys.add(key)
+                sets.add(set_key)
+                if device_ids.get(key) == object_id:
+                    del device_ids[key]
+                held = members.get(set_key)
+                if held is not None:
+                    if held.get(old.name) == old:
+                        del held[old.name]
+                    if not held:
+                        del members[set_key]
+            if new is None:
+                del table[object_id]
+                continue
+            key, set_key = (new.namespace, new.name), (new.namespace, new.vm_name)
+            changed_keys.add(key)
+            sets.add(set_key)
+            table[object_id] = new
+            device_ids[key] = object_id
+            members[set_key][new.name] = new
+        if sets:
+            dirty |= sets
+            self._bring_sets_current(sorted(sets))
+            self._changed("GPU")
 
     def _changed(self, kind: str) -> None:
         """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
@@ -265,6 +310,17 @@ class MirrorState:
     def _replace_device(self, object_id: int, old: e.Device | None, new: e.Device | None) -> None:
         """Swap one device's record in the indexes; the caller then calls :meth:`_sets_changed`
         once for the sets touched (a pass binding 10k sets writes 26k devices)."""
+        if (
+            old is not None
+            and new is not None
+            and old.name == new.name
+            and old.namespace == new.namespace
+            and old.vm_name == new.vm_name
+        ):
+            # The common case (a pass placed the device): same key, same set, only the record moves.
+            self.device_ids[(new.namespace, new.name)] = object_id
+            self.members[(new.namespace, new.vm_name)][new.name] = new
+            return
         if old is not None:
             if self.device_ids.get(old.key) == object_id:
                 del self.device_ids[old.key]
@@ -326,8 +382,31 @@ class MirrorState:
     # -- what the engine reads -------------------------------------------------------------
 
     def set_members(self, key: SetKey) -> tuple[e.Device, ...]:
-        """A set's devices in key order (as ``build_ledger`` stores them)."""
-        return tuple(sorted(self.members.get(key, {}).values(), key=lambda d: d.key))
+        """A set's devices in key order (as ``build_ledger`` stores them): one namespace,
+        so in name order. While a catch-up brings sets current each set is sorted once
+        (the settledness check and the ledger both ask; 10k new orders are 10k sets)."""
+        memo = self._members_memo
+        if memo is not None:
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = self._sorted_members(key)
+            return found
+        return self._sorted_members(key)
+
+    def _sorted_members(self, key: SetKey) -> tuple[e.Device, ...]:
+        members = self.members.get(key)
+        if not members:
+            return ()
+        return tuple([members[name] for name in sorted(members)])
+
+    def _bring_sets_current(self, keys: list[SetKey]) -> None:
+        """:meth:`_sets_changed` for a catch-up, with :meth:`set_members` sorting each set
+        once (no member changes meanwhile)."""
+        self._members_memo = {}
+        try:
+            self._sets_changed(keys)
+        finally:
+            self._members_memo = None
 
     def _tuple(self, kind: str) -> tuple[Any, ...]:
         cached = self._tuples.get(kind)

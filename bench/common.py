@@ -8,6 +8,7 @@ import math
 import os
 import resource
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,30 @@ def lock_held_elsewhere() -> bool:
             "AND l.pid <> pg_backend_pid()"
         )
         return cursor.fetchone()[0] > 0
+
+
+def wait_idle(broker: Any, key_prefix: str, timeout: float = 180) -> float:
+    """Until the worker has nothing queued or running (the collapse keys gone, the queue
+    lists empty, the pass lock free, every bind request answered); seconds waited.
+    SystemExit after ``timeout`` (``idle_after`` says what a finished run does then)."""
+    from django.db.models import F
+
+    from binder import models
+
+    clock = time.monotonic()
+    quiet = 0
+    while time.monotonic() - clock < timeout:
+        queued = 0
+        for key in broker.scan_iter(match=key_prefix + "*"):
+            kind = broker.type(key)
+            if kind == b"list":
+                queued += broker.llen(key)
+            elif b"-pass-queued" in key or key.endswith((b"unacked", b"unacked_index")):
+                queued += broker.zcard(key) if kind == b"zset" else broker.hlen(key) if kind == b"hash" else 1
+        unanswered = models.GpuDevice.objects.exclude(bind_request="").exclude(answered_request=F("bind_request"))
+        busy = queued or lock_held_elsewhere() or unanswered.exists()
+        quiet = 0 if busy else quiet + 1
+        if quiet >= 3:  # idle three times in a row, 0.5 s apart
+            return time.monotonic() - clock
+        time.sleep(0.5)
+    raise SystemExit(f"the worker did not go idle within {timeout:.0f} s")

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from common import database_name, ensure_database, lock_held_elsewhere, pct, setup_django
+from common import database_name, ensure_database, pct, setup_django, wait_idle
 from servers import REDIS_URL, child_env, start_celery, start_server, stop
 from synth import SIZE_WEIGHTS, SIZES, bound_bodies, generate, generous_tenants, insert_sets
 
@@ -420,33 +420,6 @@ def insert_pending(call: Call) -> None:
 
 
 # -- after the run -------------------------------------------------------------------------
-
-
-def wait_idle(broker: Any, key_prefix: str, timeout: float = 180) -> float:
-    """Until the worker has nothing queued or running (the collapse keys gone, the queue
-    lists empty, the pass lock free, every bind request answered); seconds waited.
-    SystemExit after ``timeout`` (``idle_after`` says what a finished run does then)."""
-    from django.db.models import F
-
-    from binder import models
-
-    clock = time.monotonic()
-    quiet = 0
-    while time.monotonic() - clock < timeout:
-        queued = 0
-        for key in broker.scan_iter(match=key_prefix + "*"):
-            kind = broker.type(key)
-            if kind == b"list":
-                queued += broker.llen(key)
-            elif b"-pass-queued" in key or key.endswith((b"unacked", b"unacked_index")):
-                queued += broker.zcard(key) if kind == b"zset" else broker.hlen(key) if kind == b"hash" else 1
-        unanswered = models.GpuDevice.objects.exclude(bind_request="").exclude(answered_request=F("bind_request"))
-        busy = queued or lock_held_elsewhere() or unanswered.exists()
-        quiet = 0 if busy else quiet + 1
-        if quiet >= 3:  # idle three times in a row, 0.5 s apart
-            return time.monotonic() - clock
-        time.sleep(0.5)
-    raise SystemExit(f"the worker did not go idle within {timeout:.0f} s")
 
 
 def check_bookings(calls: list[Call]) -> dict[str, Any]:

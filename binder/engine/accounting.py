@@ -14,7 +14,18 @@ from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from binder.engine.launcher import launcher_of, raw_usage
-from binder.engine.types import Budget, Cluster, DefaultBudget, Device, GpuClass, Node, Phase, Pod, Vmi
+from binder.engine.types import (
+    Budget,
+    Cluster,
+    DefaultBudget,
+    Device,
+    GpuClass,
+    Node,
+    Phase,
+    Pod,
+    Vmi,
+    quick_records,
+)
 
 SetKey = tuple[str, str]
 
@@ -107,6 +118,8 @@ class Holding:
     pod: Pod | None = None
     launcher: Vmi | None = None
 
+
+quick_records(Limits, Holding)
 
 #: One pod with raw usage on a node: (pod, its VMI when it is a set's launcher, that set or
 #: the plain pod's capacity, the order holdings tie in).

@@ -54,7 +54,7 @@ from django.db.models.functions import Now
 
 from binder import models
 from binder.engine import types as e
-from binder.engine.accounting import Contribution, Ledger
+from binder.engine.accounting import Ledger
 from binder.engine.placement import NodeCache
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState
@@ -62,13 +62,13 @@ from binder.runtime.state import STATE, ClusterState
 log = logging.getLogger(__name__)
 
 #: Bump when the payload's shape changes (its keys, or what a key holds).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: The ``FeedReader`` row that keeps the newest checkpoint's feed entries from pruning.
 READER = "checkpoint"
 
 
 #: The record classes a payload holds by the thousand (pickled by :func:`_reducer`).
-_RECORDS = (e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration, Contribution)
+_RECORDS = (e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration)
 
 
 def _layout() -> str:

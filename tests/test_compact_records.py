@@ -12,7 +12,7 @@ import dataclasses
 import pickle
 import random
 from collections import Counter, defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -227,3 +227,22 @@ def test_sets_of_the_same_shape_share_their_kept_usage() -> None:
     assert len({id(slot) for booked, _ in kept for slot, _ in booked}) == 3
     assert sum(dict(booked).get(("n0", "nvidia.com/a10"), 0) for booked, _ in kept) == 10
     assert defaultdict(int, ledger.used["t1"]) == {"a10": 30, "nvidia.com/a10": 30}
+
+
+def test_converted_devices_share_equal_neighbouring_times_only() -> None:
+    from binder.mirror.convert import device_from
+
+    def row(name: str, since: datetime | None, created: datetime | None) -> Device:
+        return device_from("t1", name, "a10", "vm1", "Bound", "n1", since, "", "", "", "", created)
+
+    first = row("g1", datetime(2026, 1, 1, 12, tzinfo=UTC), datetime(2026, 1, 1, 11, tzinfo=UTC))
+    second = row("g2", datetime(2026, 1, 1, 12, tzinfo=UTC), datetime(2026, 1, 1, 11, tzinfo=UTC))
+    assert second.since is first.since
+    assert second.created is first.created
+    # The same instant in another zone is equal but kept as given (it prints differently).
+    other_zone = datetime(2026, 1, 1, 13, tzinfo=timezone(timedelta(hours=1)))
+    third = row("g3", other_zone, None)
+    assert third.since is other_zone
+    assert third.created is None
+    later = row("g4", T0, T0 + timedelta(seconds=1))
+    assert (later.since, later.created) == (T0, T0 + timedelta(seconds=1))

@@ -31,6 +31,35 @@ def _strings(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
 
 PHASES = {phase.value: phase for phase in e.Phase}
 
+
+class _Times:
+    """Hands back the datetime it was last given when the next one is equal.
+
+    A set's devices are ordered, bound and moved together, so they carry the same
+    ``since`` and ``created``; rows are read in id order, so a set's devices come one
+    after another. Each row read brings datetimes of its own (48 bytes each): at 1M
+    devices in 385k sets, sharing equal neighbours keeps 380k of them instead of 2M
+    (and a checkpoint pickles each once).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: datetime | None = None
+
+    def __call__(self, at: datetime | None) -> datetime | None:
+        if at is None:
+            return None
+        last = self._last
+        if last is not None and at == last and at.tzinfo is last.tzinfo:
+            return last
+        self._last = at
+        return at
+
+
+_since = _Times()
+_created = _Times()
+
 # Converters take the namespace, the name and then the model fields of KINDS in order:
 # positional, because building 100k records is a large share of a pass.
 
@@ -70,12 +99,12 @@ def device_from(
         intern(vm_name),
         phase_,
         intern(node),
-        since,
+        _since(since),
         intern(reason),
         bind_request,
         answered_request,
         answer,
-        created,
+        _created(created),
         dict(bind_node_selector) if bind_node_selector else _NO_SELECTOR,
         choices,
     )

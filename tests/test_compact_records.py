@@ -19,6 +19,7 @@ import pytest
 
 from binder.engine import types as e
 from binder.engine.accounting import Holding, Ledger, Limits
+from binder.engine.fit import is_settled
 from binder.engine.launcher import RawUsage
 from binder.engine.types import Device, GpuClass, Node, Phase, Pod, Vmi
 
@@ -246,3 +247,19 @@ def test_converted_devices_share_equal_neighbouring_times_only() -> None:
     assert third.created is None
     later = row("g4", T0, T0 + timedelta(seconds=1))
     assert (later.since, later.created) == (T0, T0 + timedelta(seconds=1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_settledness_does_not_depend_on_the_members_order(seed: int) -> None:
+    # The worker's state asks it of each set's members unsorted.
+    classes, nodes, sets, _, _ = _cluster(seed)
+    rng = random.Random(seed)
+    on_one = {
+        key: tuple(dataclasses.replace(d, phase=Phase.BOUND, node=members[0].node or "n1") for d in members)
+        for key, members in sets.items()
+    }
+    for members in [*sets.values(), *on_one.values()]:
+        shuffled = list(members)
+        rng.shuffle(shuffled)
+        assert is_settled(shuffled, nodes, classes) == is_settled(members, nodes, classes)
+    assert any(is_settled(members, nodes, classes) for members in on_one.values())

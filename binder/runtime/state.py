@@ -228,7 +228,10 @@ class ClusterState(MirrorState):
         if self._classes is None:
             self._classes = {c.name: c for c in self.records["GPUClass"].values()}
         nodes, _ = self.node_cache.index(self._tuple("Node"))
-        return is_settled(self.set_members(key), nodes, self._classes)
+        # Settledness does not depend on the members' order: not sorted (``set_members``),
+        # which a start at 1M devices did for 385k sets.
+        members = self.members.get(key)
+        return is_settled(tuple(members.values()) if members else (), nodes, self._classes)
 
     def scope(self, catch: Catchup) -> set[SetKey]:
         """The sets a full pass must visit: every set that is not settled, plus what changed.

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import pickle
+import pickletools
 import random
+import zlib
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -263,3 +266,47 @@ def test_settledness_does_not_depend_on_the_members_order(seed: int) -> None:
         rng.shuffle(shuffled)
         assert is_settled(shuffled, nodes, classes) == is_settled(members, nodes, classes)
     assert any(is_settled(members, nodes, classes) for members in on_one.values())
+
+
+def test_a_checkpoint_payload_keeps_its_records_shared_and_whole() -> None:
+    from binder.runtime import checkpoint
+
+    classes, nodes, sets, pods, vmis = _cluster(3)
+    devices = {i: d for i, d in enumerate(d for members in sets.values() for d in members)}
+    # A device only the ledger knows (not among the records) is saved the ordinary way.
+    stray = Device("t9", "stray", "a10", "vm9", Phase.BOUND, "n1", T0)
+    ledger = Ledger(classes, nodes, {**sets, ("t9", "vm9"): (stray,)}, pods, vmis)
+    payload = {
+        "records": {
+            "GPU": devices,
+            "Node": dict(enumerate(nodes.values())),
+            "Pod": dict(enumerate(pods)),
+            "VirtualMachineInstance": dict(enumerate(vmis.values())),
+            "GPUClass": dict(enumerate(classes.values())),
+        },
+        "members": {key: {d.name: d for d in members} for key, members in sets.items()},
+        "ledger": ledger,
+    }
+    data = checkpoint._dumps(payload)
+    loaded = checkpoint._loads(data)
+    # The records are a table read by ``map``, referred to by row number: not a
+    # constructor call each (whose argument tuples the unpickler's memo kept).
+    stream = io.BytesIO(zlib.decompress(data))
+    ops = Counter(op.name for _ in range(2) for op, _, _ in pickletools.genops(stream))
+    assert ops["BINPERSID"] >= len(devices) + len(nodes)
+    assert len(devices) > 100
+    assert ops["REDUCE"] < len(devices) // 2  # the classes, Counters and the stray device
+    assert loaded["records"] == payload["records"]
+    assert _contents(loaded["ledger"]) == _contents(ledger)
+    again = loaded["records"]["GPU"]
+    for key, members in loaded["members"].items():
+        for device in members.values():
+            assert any(device is d for d in again.values())
+        in_order = sorted(members.values(), key=lambda d: d.key)
+        assert loaded["ledger"].devices(key) == tuple(in_order)
+        assert all(a is b for a, b in zip(loaded["ledger"].devices(key), in_order, strict=True))
+    assert loaded["ledger"].devices(("t9", "vm9")) == (stray,)
+    by_name = {n.name: n for n in loaded["records"]["Node"].values()}
+    assert all(loaded["ledger"].nodes[name] is node for name, node in by_name.items())
+    # The table and the rest share their strings, as the saved objects did.
+    assert all(d.namespace is key[0] for key, members in loaded["members"].items() for d in members.values())

@@ -310,3 +310,19 @@ def test_a_checkpoint_payload_keeps_its_records_shared_and_whole() -> None:
     assert all(loaded["ledger"].nodes[name] is node for name, node in by_name.items())
     # The table and the rest share their strings, as the saved objects did.
     assert all(d.namespace is key[0] for key, members in loaded["members"].items() for d in members.values())
+
+
+def test_converted_nodes_and_pods_share_equal_unit_maps() -> None:
+    from binder.mirror.convert import node_from, pod_from
+
+    one = node_from("", "n1", {"nvidia.com/a10": "8"}, {}, False, True, None)
+    two = node_from("", "n2", {"nvidia.com/a10": 8}, {}, False, True, None)
+    other = node_from("", "n3", {"nvidia.com/a10": 4}, {}, False, True, None)
+    assert one.allocatable == {"nvidia.com/a10": 8}
+    assert two.allocatable is one.allocatable
+    assert other.allocatable == {"nvidia.com/a10": 4}
+    assert other.allocatable is not one.allocatable
+    pods = [pod_from("t1", f"p{i}", f"u{i}", "n1", "Running", {"nvidia.com/a10": 2}, "") for i in range(3)]
+    assert pods[0].requests == {"nvidia.com/a10": 2}
+    assert pods[1].requests is pods[0].requests is pods[2].requests
+    assert pod_from("t1", "p9", "u9", "n1", "Running", None, "").requests == {}

@@ -23,6 +23,25 @@ def _ints(mapping: Mapping[str, Any] | None) -> dict[str, int]:
     return {intern(str(k)): int(v) for k, v in (mapping or {}).items()}
 
 
+#: Shared unit maps by content (see :func:`_shared_ints`), at most :data:`_SHARED_AT_MOST`.
+_SHARED_INTS: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+_SHARED_AT_MOST = 4096
+
+
+def _shared_ints(mapping: Mapping[str, Any] | None) -> dict[str, int]:
+    """:func:`_ints`, one dict for every record with the same units (records are never
+    mutated): 100k nodes have a few kinds of allocatable and 150k pods a dozen kinds of
+    GPU requests, each row read bringing a dict of its own (~200 bytes each)."""
+    ints = _ints(mapping)
+    content = tuple(ints.items())
+    shared = _SHARED_INTS.get(content)
+    if shared is not None:
+        return shared
+    if len(_SHARED_INTS) < _SHARED_AT_MOST:
+        _SHARED_INTS[content] = ints
+    return ints
+
+
 def _strings(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy with keys and string values interned: 100k nodes carry the same dozen label
     keys and mostly the same values (each row read brings its own copies: 1.4 KB a node)."""
@@ -155,9 +174,8 @@ def node_from(
     ready_since: datetime | None,
     taints: list[Any] | None = None,
 ) -> e.Node:
-    return e.Node(
-        intern(name), _ints(allocatable), _strings(labels), unschedulable, ready, ready_since, taints_from(taints)
-    )
+    allocatable_ = _shared_ints(allocatable)
+    return e.Node(intern(name), allocatable_, _strings(labels), unschedulable, ready, ready_since, taints_from(taints))
 
 
 def budget_from(namespace: str, name: str, limits: Values | None) -> e.Budget:
@@ -181,7 +199,7 @@ def vmi_from(
 def pod_from(
     namespace: str, name: str, uid: str, node: str, phase: str, requests: Values | None, owner_vmi_hint: str
 ) -> e.Pod:
-    return e.Pod(namespace, name, uid, intern(node), intern(phase), _ints(requests), intern(owner_vmi_hint))
+    return e.Pod(namespace, name, uid, intern(node), intern(phase), _shared_ints(requests), intern(owner_vmi_hint))
 
 
 #: kind -> (converter, the model fields the converter takes after namespace and name)

@@ -261,10 +261,38 @@ def test_settledness_does_not_depend_on_the_members_order(seed: int) -> None:
         key: tuple(dataclasses.replace(d, phase=Phase.BOUND, node=members[0].node or "n1") for d in members)
         for key, members in sets.items()
     }
-    for members in [*sets.values(), *on_one.values()]:
+    # Some nodes not Ready, draining or without a class's labels: each way of not keeping a set.
+    nodes = {
+        **nodes,
+        "n1": dataclasses.replace(nodes["n1"], ready=False),
+        "n2": dataclasses.replace(nodes["n2"], labels={"gpuplane.io/drain": "true"}),
+    }
+    classes = {**classes, "h100": dataclasses.replace(classes["h100"], node_selector={"gpu": "h100"})}
+    nodes["n3"] = dataclasses.replace(nodes["n3"], labels={"gpu": "h100"})
+    # Every node with every class, one class a set and two (in both orders).
+    each = [
+        tuple(Device("t1", f"{node}-{c}-{i}", c, f"{node}-{c}", Phase.BOUND, node) for i, c in enumerate(names))
+        for node in [*nodes, "gone"]
+        for names in ([c] * 2 for c in classes)
+    ] + [
+        (
+            Device("t1", f"{node}-x", "a10", f"{node}-m-{c}", Phase.BOUND, node),
+            Device("t1", f"{node}-y", c, f"{node}-m-{c}", Phase.BOUND, node),
+        )
+        for node in nodes
+        for c in ("h100", "a10x2")
+    ]
+    keeps: dict[tuple[str, str], bool] = {}
+    for members in [*sets.values(), *on_one.values(), *each, *on_one.values()]:
         shuffled = list(members)
         rng.shuffle(shuffled)
-        assert is_settled(shuffled, nodes, classes) == is_settled(members, nodes, classes)
+        settled = is_settled(members, nodes, classes)
+        assert is_settled(shuffled, nodes, classes) == settled
+        assert is_settled(shuffled, nodes, classes, keeps) == settled
+    assert keeps
+    settled_on = {members[0].vm_name for members in each if is_settled(members, nodes, classes, keeps)}
+    assert {"n0-a10", "n0-a10x2", "n3-h100", "n3-a10", "n0-m-a10x2", "n3-m-h100"} <= settled_on
+    assert not {"n0-h100", "n1-a10", "n2-a10", "gone-a10", "n0-m-h100", "n2-m-a10x2"} & settled_on
     assert any(is_settled(members, nodes, classes) for members in on_one.values())
 
 

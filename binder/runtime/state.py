@@ -211,6 +211,7 @@ class ClusterState(MirrorState):
     def _sets_changed(self, keys: Iterable[SetKey], *, ledger: bool = True) -> None:
         """Bring what is kept per set current for ``keys``: who waits for an answer, who is
         settled, and (``ledger``, unless the engine already moved them there) the ledger."""
+        keeps: dict[tuple[str, str], bool] = {}  # nodes and classes do not change meanwhile
         for key in keys:
             members = self.members.get(key, {})
             if any(d.wants_answer for d in members.values()):
@@ -218,7 +219,7 @@ class ClusterState(MirrorState):
             else:
                 self.wanting.discard(key)
             if self._unsettled is not None:
-                if self._settled(key):
+                if self._settled(key, keeps):
                     self._unsettled.discard(key)
                 else:
                     self._unsettled.add(key)

@@ -76,11 +76,12 @@ def phases(on: bool) -> dict[str, float]:
     spent: dict[str, float] = {}
     if not on:
         return spent
+    from binder import models
     from binder.engine import accounting
     from binder.runtime import checkpoint, mirror_state, passes, state
 
     def wrap(owner: Any, name: str, label: str) -> None:
-        original = getattr(owner, name)
+        original = owner[name] if isinstance(owner, dict) else getattr(owner, name)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -90,7 +91,10 @@ def phases(on: bool) -> dict[str, float]:
             finally:
                 spent[label] = spent.get(label, 0.0) + time.perf_counter() - clock
 
-        setattr(owner, name, timed)
+        if isinstance(owner, dict):
+            owner[name] = timed
+        else:
+            setattr(owner, name, timed)
 
     wrap(state.ClusterState, "catch_up", "catch_up")
     wrap(mirror_state.MirrorState, "rebuild", "catch_up/rebuild (reading the mirror)")
@@ -98,7 +102,7 @@ def phases(on: bool) -> dict[str, float]:
     wrap(mirror_state.MirrorState, "follow", "catch_up/feed replay")
     wrap(accounting.Ledger, "__init__", "ledger build")
     wrap(state.ClusterState, "scope", "scope")
-    wrap(passes, "full_pass", "engine full_pass")
+    wrap(passes.ENGINES, models.PassKind.FULL, "engine full_pass")
     wrap(passes, "_write_own", "writes")
     wrap(passes, "record_usage", "usage records")
     wrap(state.ClusterState, "passed", "state.passed")

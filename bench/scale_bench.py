@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -68,6 +69,46 @@ def profiled(how: str, top: int) -> Any:
     return Profiled()
 
 
+def phases(on: bool) -> dict[str, float]:
+    """With ``--phases``: the wall time spent in each part of the measured pass (nested
+    parts count in their parent too), by wrapping them. cProfile inflates every Python
+    call, so its shares are not the wall shares."""
+    spent: dict[str, float] = {}
+    if not on:
+        return spent
+    from binder import models
+    from binder.engine import accounting
+    from binder.runtime import checkpoint, mirror_state, passes, state
+
+    def wrap(owner: Any, name: str, label: str) -> None:
+        original = owner[name] if isinstance(owner, dict) else getattr(owner, name)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            clock = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - clock
+
+        if isinstance(owner, dict):
+            owner[name] = timed
+        else:
+            setattr(owner, name, timed)
+
+    wrap(state.ClusterState, "catch_up", "catch_up")
+    wrap(mirror_state.MirrorState, "rebuild", "catch_up/rebuild (reading the mirror)")
+    wrap(checkpoint, "_loads", "catch_up/checkpoint unpickle")
+    wrap(mirror_state.MirrorState, "follow", "catch_up/feed replay")
+    wrap(accounting.Ledger, "__init__", "ledger build")
+    wrap(state.ClusterState, "scope", "scope")
+    wrap(passes.ENGINES, models.PassKind.FULL, "engine full_pass")
+    wrap(passes, "_write_own", "writes")
+    wrap(passes, "record_usage", "usage records")
+    wrap(state.ClusterState, "passed", "state.passed")
+    return spent
+
+
 def step_scratch(args: argparse.Namespace) -> dict[str, Any]:
     from django.test import override_settings
 
@@ -77,10 +118,12 @@ def step_scratch(args: argparse.Namespace) -> dict[str, Any]:
     from binder.runtime.state import STATE
 
     out: dict[str, Any] = {"rss_start_mib": rss_mib()}
+    spent = phases(args.phases)
     with override_settings(GPUPLANE_CHECKPOINTS=False), profiled(args.profile, args.top):
         clock = time.perf_counter()
         run = run_pass(models.PassKind.FULL)
         out["duration_s"] = time.perf_counter() - clock
+    out |= _phases_out(spent)
     out |= {"view": run.view, "rows_read": run.rows_read, "rss_mib": rss_mib(), "peak_mib": peak_rss_mib()}
     # The checkpoint as a pass saves it (in the background), and a pass right behind it.
     clock = time.perf_counter()
@@ -106,10 +149,12 @@ def step_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     from binder.runtime.passes import run_pass
 
     out: dict[str, Any] = {"rss_start_mib": rss_mib()}
+    spent = phases(args.phases)
     with profiled(args.profile, args.top):
         clock = time.perf_counter()
         run = run_pass(models.PassKind.FULL)
         out["duration_s"] = time.perf_counter() - clock
+    out |= _phases_out(spent)
     out |= {"view": run.view, "rows_read": run.rows_read, "rss_mib": rss_mib(), "peak_mib": peak_rss_mib()}
     times = []
     for _ in range(5):
@@ -125,16 +170,19 @@ def step_orders(args: argparse.Namespace) -> dict[str, Any]:
     from binder.runtime.passes import run_pass
 
     out: dict[str, Any] = {}
+    spent = phases(args.phases)
     run_pass(models.PassKind.FULL)  # from the checkpoint
     run_pass(models.PassKind.FULL)
     everyone = list(models.Namespace.objects.values_list("id", flat=True))
     clock = time.perf_counter()
     insert_sets("order-scale", args.orders, random.Random(args.seed), everyone)
     out["insert_s"] = time.perf_counter() - clock
+    spent.clear()
     with profiled(args.profile, args.top):
         clock = time.perf_counter()
         run = run_pass(models.PassKind.FULL)
         duration = time.perf_counter() - clock
+    out |= _phases_out(spent)
     out |= {
         "duration_s": duration,
         "orders": args.orders,
@@ -152,6 +200,10 @@ def step_orders(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _phases_out(spent: dict[str, float]) -> dict[str, Any]:
+    return {"phases_s": {label: round(seconds, 2) for label, seconds in sorted(spent.items())}} if spent else {}
+
+
 STEPS = {"scratch": step_scratch, "checkpoint": step_checkpoint, "orders": step_orders}
 
 
@@ -163,12 +215,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--profile", choices=("none", "cprofile", "tracemalloc"), default="none")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--phases", action="store_true", help="wall time of each part of the measured pass")
     args = parser.parse_args()
     if args.step == "all":
         figures = {}
         for step in STEPS:
             command = [sys.executable, __file__, "--step", step, "--database-url", args.database_url]
             command += ["--orders", str(args.orders), "--seed", str(args.seed)]
+            command += ["--phases"] if args.phases else []
             done = subprocess.run(command, check=True, capture_output=True, text=True)  # noqa: S603
             figures[step] = json.loads(done.stdout.strip().splitlines()[-1])
             print(step, json.dumps(figures[step]), file=sys.stderr, flush=True)

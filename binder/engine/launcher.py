@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from binder.engine.types import Device, GpuClass, Phase, Pod, Vmi
+from binder.engine.types import Device, GpuClass, Phase, Pod, Vmi, quick_records
 
 #: Looks up a VMI by (namespace, name); returns None when there is none.
 VmiLookup = Callable[[str, str], Vmi | None]
@@ -74,6 +74,7 @@ class RawUsage:
     capacity: Mapping[str, int] = field(default_factory=dict)
 
 
+quick_records(RawUsage)
 NO_USAGE = RawUsage()
 
 

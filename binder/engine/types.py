@@ -8,10 +8,75 @@ and the Kubernetes side translate to and from them, and nothing here imports Dja
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+
+def quick_records(*classes: type) -> None:
+    """Give frozen slotted dataclasses a constructor that costs what a mutable one does.
+
+    A frozen dataclass's generated ``__init__`` sets each field through
+    ``object.__setattr__`` (a call per field, to get past the frozen ``__setattr__``):
+    about 3.5 µs for a 14-field :class:`Device`, and a worker at 1M devices builds a million
+    of them on every start (reading the mirror, or unpickling a checkpoint) and hundreds of
+    thousands in a large pass. Instead each class gets a ``__new__`` with the same signature
+    that fills an instance of a mutable twin (the same slots, so the same memory layout) by
+    plain attribute stores and then makes it an instance of the class: about 0.5 µs. The
+    records stay frozen (the class's own ``__setattr__`` still refuses every change),
+    ``dataclasses.replace``, equality and hashing are untouched, and mypy reads the
+    dataclass's signature as before.
+
+    Each also gets a ``__reduce__`` to that constructor with its fields in order: the
+    default for slotted dataclasses calls a Python ``__getstate__``/``__setstate__`` per
+    object (and could not call this ``__new__`` without arguments).
+    """
+    for cls in classes:
+        _quicken(cls)
+
+
+_NO_DEFAULT: Any = object()
+
+
+def _quicken(cls: Any) -> None:
+    fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields)
+    if cls.__slots__ != names or hasattr(cls, "__post_init__") or any(not f.init or f.kw_only for f in fields):
+        raise TypeError(f"{cls.__name__}: quick_records needs a slotted dataclass of plain init fields")
+    twin = type(f"_{cls.__name__}Fields", (), {"__slots__": names})
+    scope: dict[str, Any] = {"_new": object.__new__, "_Twin": twin, "_NO_DEFAULT": _NO_DEFAULT}
+    params, lines = [], []
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            scope[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+            lines.append(f"    self.{f.name} = {f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            scope[f"_f_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_NO_DEFAULT")
+            lines.append(f"    self.{f.name} = _f_{f.name}() if {f.name} is _NO_DEFAULT else {f.name}")
+        else:
+            params.append(f.name)
+            lines.append(f"    self.{f.name} = {f.name}")
+    source = "\n".join(
+        [f"def __new__(cls, {', '.join(params)}):", "    self = _new(_Twin)", *lines, "    self.__class__ = cls",
+         "    return self"]
+    )  # fmt: skip
+    exec(source, scope)  # noqa: S102 - generated from the dataclass's own fields, as dataclasses does
+    new = scope["__new__"]
+    new.__qualname__ = f"{cls.__qualname__}.__new__"
+    cls.__new__ = staticmethod(new)
+    del cls.__init__  # object.__init__ accepts the arguments once __new__ is overridden
+    get = operator.attrgetter(*names)
+    if len(names) == 1:
+        cls.__reduce__ = lambda self: (cls, (get(self),))
+    else:
+        cls.__reduce__ = lambda self: (cls, get(self))
+
 
 #: Label that tells the binder to move every held set off a node: a draining node takes
 #: no new set, and the sets on it are moved elsewhere (or become Lost).
@@ -334,3 +399,6 @@ class PassResult:
     budget_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
     answered: tuple[tuple[str, str], ...] = ()
     """(namespace, name) of every device whose bind request this pass answered."""
+
+
+quick_records(Taint, Toleration, GpuClass, Node, Device, Budget, Vmi, Pod, Change)

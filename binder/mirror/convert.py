@@ -23,6 +23,25 @@ def _ints(mapping: Mapping[str, Any] | None) -> dict[str, int]:
     return {intern(str(k)): int(v) for k, v in (mapping or {}).items()}
 
 
+#: Shared unit maps by content (see :func:`_shared_ints`), at most :data:`_SHARED_AT_MOST`.
+_SHARED_INTS: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+_SHARED_AT_MOST = 4096
+
+
+def _shared_ints(mapping: Mapping[str, Any] | None) -> dict[str, int]:
+    """:func:`_ints`, one dict for every record with the same units (records are never
+    mutated): 100k nodes have a few kinds of allocatable and 150k pods a dozen kinds of
+    GPU requests, each row read bringing a dict of its own (~200 bytes each)."""
+    ints = _ints(mapping)
+    content = tuple(ints.items())
+    shared = _SHARED_INTS.get(content)
+    if shared is not None:
+        return shared
+    if len(_SHARED_INTS) < _SHARED_AT_MOST:
+        _SHARED_INTS[content] = ints
+    return ints
+
+
 def _strings(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy with keys and string values interned: 100k nodes carry the same dozen label
     keys and mostly the same values (each row read brings its own copies: 1.4 KB a node)."""
@@ -30,6 +49,35 @@ def _strings(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 PHASES = {phase.value: phase for phase in e.Phase}
+
+
+class _Times:
+    """Hands back the datetime it was last given when the next one is equal.
+
+    A set's devices are ordered, bound and moved together, so they carry the same
+    ``since`` and ``created``; rows are read in id order, so a set's devices come one
+    after another. Each row read brings datetimes of its own (48 bytes each): at 1M
+    devices in 385k sets, sharing equal neighbours keeps 380k of them instead of 2M
+    (and a checkpoint pickles each once).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: datetime | None = None
+
+    def __call__(self, at: datetime | None) -> datetime | None:
+        if at is None:
+            return None
+        last = self._last
+        if last is not None and at == last and at.tzinfo is last.tzinfo:
+            return last
+        self._last = at
+        return at
+
+
+_since = _Times()
+_created = _Times()
 
 # Converters take the namespace, the name and then the model fields of KINDS in order:
 # positional, because building 100k records is a large share of a pass.
@@ -70,12 +118,12 @@ def device_from(
         intern(vm_name),
         phase_,
         intern(node),
-        since,
+        _since(since),
         intern(reason),
         bind_request,
         answered_request,
         answer,
-        created,
+        _created(created),
         dict(bind_node_selector) if bind_node_selector else _NO_SELECTOR,
         choices,
     )
@@ -126,9 +174,8 @@ def node_from(
     ready_since: datetime | None,
     taints: list[Any] | None = None,
 ) -> e.Node:
-    return e.Node(
-        intern(name), _ints(allocatable), _strings(labels), unschedulable, ready, ready_since, taints_from(taints)
-    )
+    allocatable_ = _shared_ints(allocatable)
+    return e.Node(intern(name), allocatable_, _strings(labels), unschedulable, ready, ready_since, taints_from(taints))
 
 
 def budget_from(namespace: str, name: str, limits: Values | None) -> e.Budget:
@@ -152,7 +199,7 @@ def vmi_from(
 def pod_from(
     namespace: str, name: str, uid: str, node: str, phase: str, requests: Values | None, owner_vmi_hint: str
 ) -> e.Pod:
-    return e.Pod(namespace, name, uid, intern(node), intern(phase), _ints(requests), intern(owner_vmi_hint))
+    return e.Pod(namespace, name, uid, intern(node), intern(phase), _shared_ints(requests), intern(owner_vmi_hint))
 
 
 #: kind -> (converter, the model fields the converter takes after namespace and name)

@@ -24,7 +24,7 @@ from datetime import datetime
 from operator import attrgetter
 
 from binder.engine.launcher import VmiLookup, raw_usage_of
-from binder.engine.types import Device, GpuClass, Phase, Pod
+from binder.engine.types import Device, GpuClass, Phase, Pod, quick_records
 
 
 class SubjectKind(enum.StrEnum):
@@ -89,6 +89,11 @@ class OpenRecord:
     id: int
     holding: Holding
     start: datetime | None = None
+
+
+# A start from scratch at 1M devices builds a million of each (the open records read, the
+# holdings worked out): built through the quick constructor (binder.engine.types).
+quick_records(Holding, OpenRecord)
 
 
 @dataclass(frozen=True, slots=True)

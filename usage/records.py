@@ -117,11 +117,11 @@ def lookup(vmis: dict[tuple[str, str], e.Vmi]) -> VmiLookup:
     return find_vmi
 
 
-def devices_after(cluster: e.Cluster, changed: Iterable[e.Device]) -> list[e.Device]:
-    """The devices as they stand once a pass's changes are written."""
+def devices_after(cluster: e.Cluster, changed: Iterable[e.Device]) -> dict[tuple[str, str], e.Device]:
+    """The devices as they stand once a pass's changes are written, by (namespace, name)."""
     current = {d.key: d for d in cluster.devices}
     current.update((d.key, d) for d in changed)
-    return list(current.values())
+    return current
 
 
 def open_records() -> list[OpenRecord]:
@@ -222,10 +222,11 @@ def record_usage(
             found, subject_holdings(cluster, subjects), now, recorded_until=recorded_until(pass_id), device_since=since
         )
     else:
-        devices = devices_after(cluster, changed)
+        after = devices_after(cluster, changed)
         classes = {c.name: c for c in cluster.classes}
-        current = holdings(devices, cluster.pods, classes, lookup(fresh_vmis(cluster.pods)))
-        since = {d.key: d.since for d in devices}
+        current = holdings(after.values(), cluster.pods, classes, lookup(fresh_vmis(cluster.pods)))
+        # Keyed as devices_after already keyed them (a million key tuples, not built twice).
+        since = {key: d.since for key, d in after.items()}
         plan = reconcile_usage(open_records(), current, now, recorded_until=recorded_until(pass_id), device_since=since)
     if plan:
         write_plan(plan, pass_id, now)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.db import connection, transaction
 
 from binder import apiserver
@@ -25,6 +24,7 @@ from binder import models as binder_models
 from binder.engine import types as e
 from binder.engine.launcher import VmiLookup
 from binder.engine.usage import (
+    IDENTITY_SEPARATOR,
     Holding,
     OpenRecord,
     RecordRow,
@@ -203,15 +203,17 @@ def open_records_of(subjects: Subjects) -> list[OpenRecord]:
         if not wanted:
             return []
         columns = ", ".join(f"r.{column}" for column in HOLDING_COLUMNS)
-        with connection.cursor() as django_cursor:
-            # Binary array parameters (server-side binding): see binder.runtime.passes.
-            cursor = psycopg.Cursor(django_cursor.cursor.connection)
+        with connection.cursor() as cursor:
+            # Each column of subjects as one string split by the server: psycopg dumps a
+            # list parameter element by element in Python (a second for the 260k subjects
+            # of 100k new orders). No name, kind or namespace holds the separator.
             cursor.execute(
                 f"SELECT r.id, {columns}, r.start FROM {UsageRecord._meta.db_table} AS r"  # noqa: S608 - constant SQL
-                " JOIN unnest(%b::text[], %b::text[], %b::text[]) AS v(ns, kind, subject)"
+                " JOIN unnest(string_to_array(%s, chr(31)), string_to_array(%s, chr(31)),"
+                " string_to_array(%s, chr(31))) AS v(ns, kind, subject)"
                 " ON r.namespace = v.ns AND r.subject_kind = v.kind AND r.subject = v.subject"
                 ' WHERE r."end" IS NULL',
-                [[k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted]],
+                [IDENTITY_SEPARATOR.join(k[i] for k in wanted) for i in range(3)],
             )
             return [_open_record(row) for row in cursor.fetchall()]
     found: list[OpenRecord] = []

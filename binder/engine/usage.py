@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from operator import attrgetter, itemgetter
 
@@ -260,7 +260,7 @@ def reconcile_usage(
     opening = sorted((holding for holding, count in wanted.items() for _ in range(count)), key=HOLDING_ORDER)
     close = tuple(r.id for r in closing)
     if now is None:
-        return UsagePlan(close=close, open=tuple(replace(h, since=None) if h.since else h for h in opening))
+        return UsagePlan(close=close, open=tuple(_since(h, None) if h.since else h for h in opening))
     ended: dict[tuple[str, str, str, str], list[OpenRecord]] = defaultdict(list)
     for record in closing:
         ended[_who(record.holding)].append(record)
@@ -270,7 +270,10 @@ def reconcile_usage(
         who = _who(holding)
         if who not in began:
             began[who] = change_time(holding.since, [r.start for r in ended.get(who, ())], now, recorded_until)
-        dated.append(replace(holding, since=began[who]))
+        start = began[who]
+        # Usually the holding's own since (100k new orders open 250k records: replace()
+        # rebuilds each through the dataclass machinery, a second and a half of them).
+        dated.append(holding if holding.since == start else _since(holding, start))
     known = device_since or {}
     ends: list[datetime] = []
     for record in closing:
@@ -398,6 +401,14 @@ def change_time(
     ):
         return since
     return max([now, *(start for start in starts if start is not None)])
+
+
+def _since(h: Holding, since: datetime | None) -> Holding:
+    """``h`` beginning at ``since`` (the quick constructor: see ``quick_records``)."""
+    return Holding(
+        h.namespace, h.subject_kind, h.subject, h.subject_uid, h.key, h.resource_name, h.units, h.node, h.phase,
+        h.vm_name, since,
+    )  # fmt: skip
 
 
 def _who(holding: Holding) -> tuple[str, str, str, str]:

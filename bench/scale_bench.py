@@ -14,6 +14,8 @@ fresh process of its own (so each peak RSS is that step's):
     .venv/bin/python bench/scale_bench.py --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_sc
     .venv/bin/python bench/scale_bench.py --step scratch --profile cprofile   # one step, profiled
 
+Each step first runs ``VACUUM ANALYZE`` (untimed; ``--no-vacuum`` skips it), standing for
+production's autovacuum, which this machine's PostgreSQL has off (``common.vacuum_analyze``).
 Run it under the shared bench lock (``flock /tmp/gpuplane-bench.lock ...``).
 """
 
@@ -34,7 +36,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django
+from common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django, vacuum_analyze
 from synth import delete_bench_sets, insert_sets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +108,11 @@ def phases(on: bool) -> dict[str, float]:
     wrap(passes, "_write_own", "writes")
     wrap(passes, "record_usage", "usage records")
     wrap(state.ClusterState, "passed", "state.passed")
+    wrap(state.ClusterState, "usage_subjects", "usage subjects")
+    from usage import records
+
+    for name in ("open_record_rows", "pair_off", "fresh_vmis", "open_records_of", "reconcile_usage", "write_plan"):
+        wrap(records, name, f"usage records/{name}")
     return spent
 
 
@@ -216,6 +223,9 @@ def main() -> None:
     parser.add_argument("--profile", choices=("none", "cprofile", "tracemalloc"), default="none")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--phases", action="store_true", help="wall time of each part of the measured pass")
+    parser.add_argument(
+        "--no-vacuum", action="store_true", help="skip the VACUUM ANALYZE before each step (see common.vacuum_analyze)"
+    )
     args = parser.parse_args()
     if args.step == "all":
         figures = {}
@@ -223,14 +233,17 @@ def main() -> None:
             command = [sys.executable, __file__, "--step", step, "--database-url", args.database_url]
             command += ["--orders", str(args.orders), "--seed", str(args.seed)]
             command += ["--phases"] if args.phases else []
+            command += ["--no-vacuum"] if args.no_vacuum else []
             done = subprocess.run(command, check=True, capture_output=True, text=True)  # noqa: S603
             figures[step] = json.loads(done.stdout.strip().splitlines()[-1])
             print(step, json.dumps(figures[step]), file=sys.stderr, flush=True)
         figures["load_average"] = os.getloadavg()
         print(json.dumps(figures, indent=1))
         return
+    vacuumed = None if args.no_vacuum else vacuum_analyze(args.database_url)
     setup_django(args.database_url, migrate=False)
     result = STEPS[args.step](args)
+    result["vacuum_s"] = vacuumed
     result["load_average"] = os.getloadavg()
     print(json.dumps(result))
 

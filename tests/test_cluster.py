@@ -545,3 +545,20 @@ def test_rbac_grants_exactly_the_api_calls_the_code_makes(apiserver: RunningApiS
             granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert called - granted == set(), "called without a grant"
     assert granted - called == set(), "granted but never called"
+
+
+@pytest.mark.django_db
+def test_usage_records_read_many_vmis_with_one_list(apiserver: RunningApiServer, monkeypatch: Any) -> None:
+    """Past a few hundred VMIs to read fresh (a full reconciliation at scale names one per
+    launcher pod), one LIST replaces a GET each; the records come out the same."""
+    from usage import records as usage_records
+
+    monkeypatch.setattr(usage_records, "_LIST_VMIS_FROM", 0)
+    seed_cluster(apiserver)
+    sync.sync_once()
+    apiserver.server.gpuplane_calls.clear()
+    run_pass("full")
+    vmi_calls = {verb for group, plural, verb in apiserver.server.gpuplane_calls if plural == "virtualmachineinstances"}
+    assert vmi_calls == {"list"}
+    raw = dict(UsageRecord.objects.filter(subject_kind="Pod", end__isnull=True).values_list("subject", "units"))
+    assert raw == {"virt-launcher-vm1-fake1": 3, "trainer": 1}  # as when each VMI is a GET

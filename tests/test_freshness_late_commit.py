@@ -25,6 +25,7 @@ import psycopg
 import pytest
 from django.db import connection
 from django.test import Client
+from psycopg import sql
 
 from binder import models
 from binder.mirror.snapshot import load_objects
@@ -88,9 +89,12 @@ def _insert_device_like_g0(conn: psycopg.Connection[Any], name: str, vm: str) ->
             " AND column_name <> 'id' ORDER BY ordinal_position"
         ).fetchall()
     ]
-    picked = ", ".join({"name": "%(name)s", "vm_name": "%(vm)s"}.get(c, c) for c in columns)
+    given = {"name": sql.Placeholder("name"), "vm_name": sql.Placeholder("vm")}
+    picked = sql.SQL(", ").join(given.get(c, sql.Identifier(c)) for c in columns)
     conn.execute(
-        f"INSERT INTO binder_gpudevice ({', '.join(columns)}) SELECT {picked} FROM binder_gpudevice WHERE name = 'g0'",
+        sql.SQL("INSERT INTO binder_gpudevice ({}) SELECT {} FROM binder_gpudevice WHERE name = 'g0'").format(
+            sql.SQL(", ").join(map(sql.Identifier, columns)), picked
+        ),
         {"name": name, "vm": vm},
     )
 

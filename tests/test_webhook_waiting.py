@@ -9,6 +9,8 @@ and the patch encoding that answers them.
   writes nothing; with a place free again the same call binds.
 - The patch is encoded with orjson; what orjson refuses (a lone surrogate copied from the
   VMI) is still encoded, escaped, and decodes to the same ops.
+- Once answered, a call builds its patch from the view it decided with and the set's rows
+  read again, without a second follow of the read model (``webhooks.binding.answered_view``).
 """
 
 from __future__ import annotations
@@ -61,10 +63,14 @@ def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_i
     with reads.waiting("t0", ("vm0-gpu0", "vm0-gpu1")), reads.waiting("t1", ("vm1-gpu0", "vm1-gpu1")):
         rows = binding._read_rows(reads._waiting.values())
         assert set(rows) == {("t0", "vm0-gpu0"), ("t0", "vm0-gpu1"), ("t1", "vm1-gpu0"), ("t1", "vm1-gpu1")}
-        assert rows[("t0", "vm0-gpu0")] == ("vm0", "r0", "r0", "bound: n1")
-        assert rows[("t1", "vm1-gpu1")] == ("vm1", "", "", "")
+        ids = dict(models.GpuDevice.objects.values_list("name", "id"))
+        assert rows[("t0", "vm0-gpu0")] == ("vm0", "r0", "r0", "bound: n1", ids["vm0-gpu0"])
+        assert rows[("t1", "vm1-gpu1")] == ("vm1", "", "", "", ids["vm1-gpu1"])
         mine = reads.rows("t1", ("vm1-gpu0", "vm1-gpu1"))
-    assert mine == {"vm1-gpu0": ("vm1", "r1", "r1", "bound: n1"), "vm1-gpu1": ("vm1", "", "", "")}
+    assert mine == {
+        "vm1-gpu0": ("vm1", "r1", "r1", "bound: n1", ids["vm1-gpu0"]),
+        "vm1-gpu1": ("vm1", "", "", "", ids["vm1-gpu1"]),
+    }
     assert reads._waiting == {}  # every registration ended with its block
     assert reads.rows("t2", ("no-such-device",)) == {}
 
@@ -108,7 +114,9 @@ def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monk
         results = [f.result(timeout=30) for f in futures]
     for i, rows in enumerate(results):
         k = i % 6
-        assert rows == {f"vm{k}-gpu{j}": (f"vm{k}", f"r{k}", f"r{k}", f"bound: n{k}") for j in range(2)}
+        assert {name: row[:4] for name, row in rows.items()} == {
+            f"vm{k}-gpu{j}": (f"vm{k}", f"r{k}", f"r{k}", f"bound: n{k}") for j in range(2)
+        }
     assert len(statements) < calls
 
 
@@ -201,3 +209,21 @@ def test_a_call_never_takes_a_read_that_began_before_it_was_registered() -> None
         thread.start()
         thread.join(timeout=30)
     assert [{row[2] for row in rows.values()} for rows in seen] == [{"r3"}]
+
+
+def test_an_answered_call_reads_its_set_again_not_the_whole_model(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One follow per Pending call (at arrival); the patch pins the node the binder chose,
+    which the view read before the bind did not hold (no device of the namespace was on it)."""
+    from binder.runtime import readmodel
+
+    model = ReadModel("test")
+    monkeypatch.setattr(readmodel, "MODEL", model)
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8}), gpu_obj("t0", "vm0-gpu0", "h100", "vm0")])
+    model.current()
+    follows = model.counters.follows
+    body = review(new_vmi("t0", "vm0", ["vm0-gpu0"]))
+    patched = allowed_patch(post(client, body), body)
+    assert patched["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "n1"
+    assert model.counters.follows == follows + 1

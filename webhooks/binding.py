@@ -38,8 +38,9 @@ from kubernetes.client import ApiException
 from binder import apiserver, models, queue
 from binder.engine import ANSWER_BOUND, Node
 from binder.errors import describe
-from binder.mirror.read import engine_settings
+from binder.mirror.read import KINDS, engine_settings, fetch_ids
 from binder.mirror.write import mirror_objects
+from binder.runtime import readmodel
 from binder.runtime.answers import ANSWERS, AnswerListener, listening
 from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
@@ -69,19 +70,46 @@ def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
     return read_model().nodes(wanted)
 
 
-def answered_view(view: MirrorView, names: Iterable[str]) -> MirrorView:
-    """The namespace's view read again after the binder answered, with the nodes of ``names``.
+def answered_view(view: MirrorView, names: Iterable[str], ids: Iterable[int] = ()) -> MirrorView:
+    """The view the patch is built from once the binder answered, with the nodes of ``names``.
 
     The view read before the bind holds the set as it was then: Pending, under its first
     choice. The answer pass may have bound it as a later choice, and the patch must name
-    the class the set is held as (its raw resource and tolerations), so the view is read
-    again; the answer pass committed before its answer was read, so a follow that starts
-    now holds it.
+    the class the set is held as (its raw resource and tolerations). With the set's row
+    ``ids`` (the answer read's), just those rows are read again (one statement, no wait):
+    the answer read began after the answer pass committed, so this later read holds what
+    the pass wrote, and everything else the view holds was committed before the call
+    arrived, which is all a decision needs (SPEC §5). A node the view does not hold comes
+    from the read model as it stands (it followed at least once since the call arrived).
+    When a class or node is not there, or without ``ids``, the namespace is read again
+    from a follow that starts now.
     """
+    wanted = {n for n in names if n}
+    if ids:
+        quick = _with_set_rows(view, ids, wanted)
+        if quick is not None:
+            return quick
     fresh = mirror_view(view.namespace)
     held = {n.name for n in fresh.nodes}
-    missing = {n for n in names if n and n not in held}
+    missing = {n for n in wanted if n not in held}
     return dataclasses.replace(fresh, nodes=(*fresh.nodes, *read_nodes(missing))) if missing else fresh
+
+
+def _with_set_rows(view: MirrorView, ids: Iterable[int], nodes: set[str]) -> MirrorView | None:
+    """``view`` with the rows ``ids`` read again and the nodes ``nodes`` added; None when the
+    view and the model as it stands lack a class or node they need."""
+    model, convert, fields = KINDS["GPU"]
+    rows = list(fetch_ids(model, ("name", *fields), sorted(ids)))
+    records = {row[0]: convert(view.namespace, row[0], *row[1:]) for row in rows}
+    classes = {c.name for c in view.classes}
+    if len(records) != len(set(ids)) or any(d.class_name not in classes for d in records.values()):
+        return None
+    missing = nodes - {n.name for n in view.nodes}
+    added = readmodel.MODEL.nodes(missing) if missing else ()
+    if len(added) != len(missing):
+        return None
+    devices = tuple(records.pop(d.name, d) for d in view.devices)
+    return dataclasses.replace(view, devices=(*devices, *records.values()), nodes=(*view.nodes, *added))
 
 
 #: namespace -> (the model's slice it was made from, the view): a view is reused while its
@@ -309,7 +337,7 @@ def _wait(
             return answers
         if answers is not None:
             answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
-            return conclude(review, answered_view(view, answered), answers)
+            return conclude(review, answered_view(view, answered, answers.ids), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
@@ -370,8 +398,8 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-#: One device's answer columns: (vm_name, bind_request, answered_request, answer).
-Row = tuple[str, str, str, str]
+#: One device's answer columns: (vm_name, bind_request, answered_request, answer, row id).
+Row = tuple[str, str, str, str, int]
 
 
 class AnswerReads:
@@ -485,20 +513,26 @@ def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str,
         params += [namespace, *listed]
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT n.name, d.name, d.vm_name, d.bind_request, d.answered_request, d.answer"  # noqa: S608
+            "SELECT n.name, d.name, d.vm_name, d.bind_request, d.answered_request, d.answer, d.id"  # noqa: S608
             f" FROM {devices} d JOIN {namespaces} n ON n.id = d.namespace_id WHERE {' OR '.join(clauses)}",
             params,
         )
-        return {(ns, name): (vm, request, answered, answer) for ns, name, vm, request, answered, answer in cursor}
+        return {(row[0], row[1]): row[2:] for row in cursor}
 
 
 #: This process's shared answer reads.
 ANSWER_READS = AnswerReads()
 
 
+class Answers(dict[str, str]):
+    """Each device's answer, and the set's row ids (``ids``: :func:`answered_view` reads them again)."""
+
+    ids: tuple[int, ...] = ()
+
+
 def answers_of(
     review: Review, names: tuple[str, ...], request_id: str, woken: int | None = None
-) -> dict[str, str] | Verdict | str | None:
+) -> Answers | Verdict | str | None:
     """The answers when every device answered ``request_id``; None while some have not; the
     newer request id when another call replaced ``request_id`` on every device (follow it).
 
@@ -508,17 +542,19 @@ def answers_of(
     """
     found = ANSWER_READS.rows(review.namespace, names, woken)
     rows = {
-        name: (request, answered, answer)
-        for name, (vm, request, answered, answer) in found.items()
+        name: (request, answered, answer, pk)
+        for name, (vm, request, answered, answer, pk) in found.items()
         if vm == review.name
     }
     gone = sorted(set(names) - set(rows))
     if gone:
         # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
         return admission.device_gone(review, gone[0])
-    if all(answered == request_id for _, answered, _ in rows.values()):
-        return {name: answer for name, (_, _, answer) in rows.items()}
-    latest = {request for request, _, _ in rows.values()}
+    if all(answered == request_id for _, answered, _, _ in rows.values()):
+        done = Answers({name: answer for name, (_, _, answer, _) in rows.items()})
+        done.ids = tuple(pk for _, _, _, pk in rows.values())
+        return done
+    latest = {request for request, _, _, _ in rows.values()}
     if len(latest) == 1 and request_id not in latest and "" not in latest:
         # Superseded on every device: the newer request's answer answers this call too.
         return latest.pop()

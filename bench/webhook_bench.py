@@ -372,6 +372,109 @@ def run_case(
     return case
 
 
+#: The wrk script: each connection posts the reviews of a file in turn (one JSON body a
+#: line), counts answers that are not 200 with ``"allowed":true``, and prints one JSON line.
+WRK_SCRIPT = r"""
+bodies = {}
+i = 0
+failed = 0
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+  i = math.random(#bodies)
+end
+function request()
+  i = i % #bodies + 1
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[i])
+end
+function response(status, headers, body)
+  if status ~= 200 or not string.find(body, '"allowed":true', 1, true) then failed = failed + 1 end
+end
+function done(summary, latency, requests)
+  local bad = 0
+  for _, t in ipairs(threads) do bad = bad + t:get("failed") end
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "mean_us": %f,'
+    .. ' "failed": %d, "socket_errors": %d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.max, latency.mean, bad, e.connect + e.read + e.write + e.status + e.timeout))
+end
+"""
+
+
+def run_wrk_case(name: str, url: str, bodies: list[Any], clients: int, seconds: float, server: int) -> dict[str, Any]:
+    """Bound calls from ``wrk`` (C, epoll, one thread) instead of Python threads: the same
+    endpoint, ``?timeout=10s``, one keep-alive connection per client, closed loop, for
+    ``seconds``. A leaner stand-in for the kube-apiserver, which calls from another machine:
+    the 50 client threads took about a quarter of a core from the server."""
+    import resource
+    import shutil
+
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("--generator wrk needs wrk on the PATH (Debian: apt-get install wrk)")
+    with tempfile.TemporaryDirectory(prefix="whbench-wrk-") as tmp:
+        script, data = Path(tmp) / "reviews.lua", Path(tmp) / "reviews.jsonl"
+        script.write_text(WRK_SCRIPT)
+        data.write_text("".join(json.dumps(body) + "\n" for body in bodies))
+        cmd = [wrk, "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script)]
+        cmd += [f"{url}/webhooks/vmi?timeout=10s", "--", str(data)]
+        cpu = cpu_seconds(server)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        clock = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)  # noqa: S603
+        wall = time.perf_counter() - clock
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = cpu_seconds(server) - cpu
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    calls = out["requests"]
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    seconds_run = out["duration_us"] / 1e6
+    case = {
+        "case": name,
+        "generator": "wrk",
+        "clients": clients,
+        "calls": calls,
+        "wall": seconds_run,
+        "p50": out["p50_us"] / 1e6,
+        "p99": out["p99_us"] / 1e6,
+        "p90": out["p90_us"] / 1e6,
+        "max": out["max_us"] / 1e6,
+        "mean": out["mean_us"] / 1e6,
+        "timeouts": 0,
+        "calls_per_s": calls / seconds_run,
+        "server_cpu_ms_per_call": cpu * 1000 / calls,
+        "server_cores": cpu / wall,
+        "client_cores": own / wall,
+        "messages": [],
+        "http_5xx": 0,
+        "allowed": calls - out["failed"],
+        "denied": 0,
+        "error": out["failed"] + out["socket_errors"],
+    }
+    print(
+        f"{name}: {calls} calls in {seconds_run:.1f} s, p50 {case['p50'] * 1000:.0f} ms, "
+        f"p99 {case['p99'] * 1000:.0f} ms, {case['calls_per_s']:.0f} calls/s, "
+        f"server CPU {case['server_cpu_ms_per_call']:.2f} ms/call ({case['server_cores']:.2f} cores), "
+        f"wrk {case['client_cores']:.2f} cores, not allowed or failed {case['error']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return case
+
+
+def bound_cases(name: str, url: str, bound: list[Any], args: argparse.Namespace, server: int) -> list[dict[str, Any]]:
+    """The 50-client Bound case from the generators ``--generator`` names."""
+    cases = []
+    if args.generator in ("threads", "both"):
+        cases.append(run_case(name, url, bound, args.clients, server=server))
+    if args.generator in ("wrk", "both"):
+        cases.append(run_wrk_case(f"{name}, wrk", url, bound, args.clients, args.wrk_seconds, server))
+    return cases
+
+
 def pending_breakdown(spans: list[tuple[str, float, float]], since: datetime) -> dict[str, Any]:
     """Where a Pending call's time went, from the client's clock and the database's records
     (one machine, one clock): sent -> bind request written (``bind_requested_at``) -> the
@@ -438,6 +541,13 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--web-threads", type=int, default=26)
     parser.add_argument("--skip-load", action="store_true", help="only the idle cases")
+    parser.add_argument(
+        "--generator",
+        choices=("threads", "wrk", "both"),
+        default="threads",
+        help="who sends the 50-client Bound calls: Python threads (one keep-alive connection each), wrk, or both",
+    )
+    parser.add_argument("--wrk-seconds", type=float, default=5.0, help="how long each wrk case runs")
     parser.add_argument("--child-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -497,7 +607,7 @@ def main() -> None:
 
             serial = bound[: args.serial_calls]
             cases.append(run_case("(a) Bound sets, idle, 1 client", url, serial, 1, server=server.pid))
-            cases.append(run_case("(a) Bound sets, idle", url, bound, args.clients, server=server.pid))
+            cases += bound_cases("(a) Bound sets, idle", url, bound, args, server.pid)
             if args.serial_pending:
                 case = run_case(
                     "(b) Pending sets, idle, 1 client",
@@ -519,9 +629,7 @@ def main() -> None:
                 loop = PassLoop(args)
                 loop.wait_passes(1)
                 start = len(loop.durations)
-                cases.append(
-                    run_case("(c) Bound sets, full passes back to back", url, bound, args.clients, server=server.pid)
-                )
+                cases += bound_cases("(c) Bound sets, full passes back to back", url, bound, args, server.pid)
                 specs = pending.specs("load", args.pending)
                 case = run_case(
                     "(c) Pending sets, full passes back to back", url, specs, args.clients, pending, server.pid

@@ -32,13 +32,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from kubernetes.client import ApiException
 
 from binder import apiserver, models, queue
-from binder.engine import ANSWER_BOUND, Node
+from binder.engine import ANSWER_BOUND, Device, Node
 from binder.errors import describe
-from binder.mirror.read import KINDS, engine_settings, fetch_ids
+from binder.mirror.read import KINDS, engine_settings
 from binder.mirror.write import mirror_objects
 from binder.runtime import readmodel
 from binder.runtime.answers import ANSWERS, AnswerListener, listening
@@ -70,23 +71,23 @@ def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
     return read_model().nodes(wanted)
 
 
-def answered_view(view: MirrorView, names: Iterable[str], ids: Iterable[int] = ()) -> MirrorView:
+def answered_view(view: MirrorView, names: Iterable[str], rows: Iterable[Device] = ()) -> MirrorView:
     """The view the patch is built from once the binder answered, with the nodes of ``names``.
 
     The view read before the bind holds the set as it was then: Pending, under its first
     choice. The answer pass may have bound it as a later choice, and the patch must name
-    the class the set is held as (its raw resource and tolerations). With the set's row
-    ``ids`` (the answer read's), just those rows are read again (one statement, no wait):
-    the answer read began after the answer pass committed, so this later read holds what
-    the pass wrote, and everything else the view holds was committed before the call
-    arrived, which is all a decision needs (SPEC §5). A node the view does not hold comes
-    from the read model as it stands (it followed at least once since the call arrived).
-    When a class or node is not there, or without ``ids``, the namespace is read again
-    from a follow that starts now.
+    the class the set is held as (its raw resource and tolerations). ``rows`` are the set's
+    devices as the answer read found them (whole rows, converted as the mirror converts
+    them): that read began after the answer pass committed, and everything else the view
+    holds was committed before the call arrived, which is all a decision needs (SPEC §5).
+    A node the view does not hold comes from the read model as it stands (it followed at
+    least once since the call arrived). When a class or node is not there, or without
+    ``rows``, the namespace is read again from a follow that starts now.
     """
     wanted = {n for n in names if n}
-    if ids:
-        quick = _with_set_rows(view, ids, wanted)
+    records = {d.name: d for d in rows}
+    if records:
+        quick = _with_set_rows(view, records, wanted)
         if quick is not None:
             return quick
     fresh = mirror_view(view.namespace)
@@ -95,19 +96,17 @@ def answered_view(view: MirrorView, names: Iterable[str], ids: Iterable[int] = (
     return dataclasses.replace(fresh, nodes=(*fresh.nodes, *read_nodes(missing))) if missing else fresh
 
 
-def _with_set_rows(view: MirrorView, ids: Iterable[int], nodes: set[str]) -> MirrorView | None:
-    """``view`` with the rows ``ids`` read again and the nodes ``nodes`` added; None when the
-    view and the model as it stands lack a class or node they need."""
-    model, convert, fields = KINDS["GPU"]
-    rows = list(fetch_ids(model, ("name", *fields), sorted(ids)))
-    records = {row[0]: convert(view.namespace, row[0], *row[1:]) for row in rows}
+def _with_set_rows(view: MirrorView, records: dict[str, Device], nodes: set[str]) -> MirrorView | None:
+    """``view`` with the set's ``records`` and the nodes ``nodes`` added; None when the view
+    and the model as it stands lack a class or node they need."""
     classes = {c.name for c in view.classes}
-    if len(records) != len(set(ids)) or any(d.class_name not in classes for d in records.values()):
+    if any(d.class_name not in classes for d in records.values()):
         return None
     missing = nodes - {n.name for n in view.nodes}
     added = readmodel.MODEL.nodes(missing) if missing else ()
     if len(added) != len(missing):
         return None
+    records = dict(records)
     devices = tuple(records.pop(d.name, d) for d in view.devices)
     return dataclasses.replace(view, devices=(*devices, *records.values()), nodes=(*view.nodes, *added))
 
@@ -348,7 +347,7 @@ def _wait(
             return answers
         if answers is not None:
             answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
-            return conclude(review, answered_view(view, answered, answers.ids), answers)
+            return conclude(review, answered_view(view, answered, answers.rows), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
@@ -409,8 +408,9 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-#: One device's answer columns: (vm_name, bind_request, answered_request, answer, row id).
-Row = tuple[str, str, str, str, int]
+#: One device's answer columns: (vm_name, bind_request, answered_request, answer), then its
+#: whole row as an engine record (:func:`answered_view` builds the patch from it).
+Row = tuple[str, str, str, str, Device]
 
 
 class AnswerReads:
@@ -511,24 +511,24 @@ class AnswerReads:
 
 
 def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, str], Row]:
-    """The answer columns of the devices of ``wanted`` ((namespace, names) pairs), one statement."""
+    """The rows of the devices of ``wanted`` ((namespace, names) pairs), one statement,
+    whole: a call whose answers are all in builds its patch from them with no other read."""
     by_namespace: dict[str, set[str]] = {}
     for namespace, names in wanted:
         by_namespace.setdefault(namespace, set()).update(names)
-    devices, namespaces = _device_table()
-    clauses: list[str] = []
-    params: list[str] = []
+    if not by_namespace:
+        return {}
+    model, convert, fields = KINDS["GPU"]
+    which = Q()
     for namespace in sorted(by_namespace):
-        listed = sorted(by_namespace[namespace])
-        clauses.append(f"(n.name = %s AND d.name IN ({', '.join(['%s'] * len(listed))}))")
-        params += [namespace, *listed]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT n.name, d.name, d.vm_name, d.bind_request, d.answered_request, d.answer, d.id"  # noqa: S608
-            f" FROM {devices} d JOIN {namespaces} n ON n.id = d.namespace_id WHERE {' OR '.join(clauses)}",
-            params,
-        )
-        return {(row[0], row[1]): row[2:] for row in cursor}
+        which |= Q(namespace__name=namespace, name__in=sorted(by_namespace[namespace]))
+    found: dict[tuple[str, str], Row] = {}
+    for namespace, name, *values in (
+        model.objects.filter(which).order_by().values_list("namespace__name", "name", *fields)
+    ):
+        device = convert(namespace, name, *values)
+        found[(namespace, name)] = (device.vm_name, device.bind_request, device.answered_request, device.answer, device)
+    return found
 
 
 #: This process's shared answer reads.
@@ -536,9 +536,9 @@ ANSWER_READS = AnswerReads()
 
 
 class Answers(dict[str, str]):
-    """Each device's answer, and the set's row ids (``ids``: :func:`answered_view` reads them again)."""
+    """Each device's answer, and the set's rows as the answer read found them (``rows``)."""
 
-    ids: tuple[int, ...] = ()
+    rows: tuple[Device, ...] = ()
 
 
 def answers_of(
@@ -553,8 +553,8 @@ def answers_of(
     """
     found = ANSWER_READS.rows(review.namespace, names, woken)
     rows = {
-        name: (request, answered, answer, pk)
-        for name, (vm, request, answered, answer, pk) in found.items()
+        name: (request, answered, answer, record)
+        for name, (vm, request, answered, answer, record) in found.items()
         if vm == review.name
     }
     gone = sorted(set(names) - set(rows))
@@ -563,7 +563,7 @@ def answers_of(
         return admission.device_gone(review, gone[0])
     if all(answered == request_id for _, answered, _, _ in rows.values()):
         done = Answers({name: answer for name, (_, _, answer, _) in rows.items()})
-        done.ids = tuple(pk for _, _, _, pk in rows.values())
+        done.rows = tuple(record for _, _, _, record in rows.values())
         return done
     latest = {request for request, _, _, _ in rows.values()}
     if len(latest) == 1 and request_id not in latest and "" not in latest:

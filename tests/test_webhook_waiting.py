@@ -236,3 +236,34 @@ def test_an_answered_call_builds_its_patch_from_the_answer_read_not_a_second_fol
     patched = allowed_patch(post(client, body), body)
     assert patched["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "n1"
     assert model.counters.follows == follows + 1
+
+
+@pytest.mark.parametrize(
+    ("answered", "age", "joins"),
+    # "Now" a minute ahead: the call's own wait is 0.3 s, and the first call builds the model.
+    [(False, -60, True), (True, -60, False), (False, 3600, False)],
+    ids=["in-flight: joined", "answered: replaced", "written before the wait: replaced"],
+)
+def test_a_call_joins_a_request_in_flight_and_replaces_an_answered_or_old_one(
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch, answered: bool, age: int, joins: bool
+) -> None:
+    """The write that finds a request in flight (one statement with the write) joins it;
+    the binder never answers here, so the call times out, leaving the request it waited for."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8})])
+    load_objects([gpu_obj("t0", f"vm0-gpu{j}", "h100", "vm0") for j in range(2)])
+    models.GpuDevice.objects.update(
+        bind_request="r-before",
+        answered_request="r-before" if answered else "",
+        bind_requested_at=timezone.now() - timedelta(seconds=age),
+    )
+    monkeypatch.setattr("binder.queue._send_answer_pass", lambda: None)  # the binder never answers
+    settings.GPUPLANE_BIND_WAIT_SECONDS = 0.3
+    body = review(new_vmi("t0", "vm0", ["vm0-gpu0", "vm0-gpu1"]))
+    assert "try again" in denied(post(client, body), body)
+    requests = set(models.GpuDevice.objects.values_list("bind_request", flat=True))
+    assert (requests == {"r-before"}) is joins
+    assert len(requests) == 1

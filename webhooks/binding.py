@@ -154,8 +154,22 @@ class _SetChanged(Exception):
     """The set's rows changed between the decision and the bind-request write."""
 
 
-class _Joined(Exception):
-    """This call joins the request in flight: nothing to write."""
+def _write(
+    review: Review, names: tuple[str, ...], request_id: str, joined: str | None, cluster: bool, wait: float
+) -> str:
+    """Write ``request_id`` on the set's devices, or join the request in flight (``joined``,
+    or one the write finds); the request the call then waits for. :class:`_SetChanged`
+    when the set changed under the check."""
+    if joined is not None:
+        return joined
+    if not cluster:
+        found = _write_or_join(review, names, request_id, wait)
+        if found is None:
+            raise _SetChanged
+        return found
+    if _write_requests(review, names, request_id) != len(names):
+        raise _SetChanged
+    return request_id
 
 
 def _device_table() -> tuple[str, str]:
@@ -195,30 +209,62 @@ def _aware(value: Any) -> datetime | None:
     return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
 
 
-def _write_requests(review: Review, names: tuple[str, ...], request_id: str) -> int:
+def _write_requests(review: Review, names: tuple[str, ...], request_id: str, wait: float | None = None) -> int:
     """Write ``request_id`` (and the VMI's nodeSelector) on the set's devices; the rows written.
 
     All or none: one statement, written only when every named device is still the VM's
     (else 0 rows, and the call is told its set changed). One statement needs no
     transaction of its own: a BEGIN and a COMMIT were two more round trips per call,
-    each waiting for a core under load."""
+    each waiting for a core under load. With ``wait``, also nothing when the set has a
+    request in flight by :func:`inflight_request`'s rule (its statement, folded in: the
+    caller then joins that request), so the common case, no request in flight, is one
+    round trip."""
     devices, namespaces = _device_table()
     field = models.GpuDevice._meta.get_field("bind_node_selector")
     selector = field.get_db_prep_value(dict(review.scheduling.node_selector), connection)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    now = timezone.now()
     marks = ", ".join(["%s"] * len(names))
     where = (
         f"namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"  # noqa: S608
         f" AND vm_name = %s AND name IN ({marks})"
     )
     owner = [review.namespace, review.name, *names]
+    check = "count(*) = %s"
+    params: list[Any] = [len(names)]
+    if wait is not None:
+        # Not in flight: a device without a request, or answered, or written before the
+        # wait began, or the set's devices carry different requests.
+        check += (
+            " AND (count(DISTINCT bind_request) <> 1 OR min(bind_request) = ''"
+            " OR sum(CASE WHEN answered_request = bind_request OR bind_requested_at IS NULL"
+            " OR bind_requested_at < %s THEN 1 ELSE 0 END) > 0)"
+        )
+        params.append(connection.ops.adapt_datetimefield_value(now - timedelta(seconds=wait)))
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {devices} SET bind_request = %s, bind_requested_at = %s, bind_node_selector = %s"  # noqa: S608
-            f" WHERE {where} AND (SELECT count(*) FROM {devices} WHERE {where}) = %s",
-            [request_id, now, selector, *owner, *owner, len(names)],
+            f" WHERE {where} AND (SELECT CASE WHEN {check} THEN 1 ELSE 0 END FROM {devices} WHERE {where}) = 1",
+            [request_id, connection.ops.adapt_datetimefield_value(now), selector, *owner, *params, *owner],
         )
         return int(cursor.rowcount)
+
+
+#: Tries at writing a new request or joining the one in flight before a set is taken as changed.
+WRITE_TRIES = 3
+
+
+def _write_or_join(review: Review, names: tuple[str, ...], request_id: str, wait: float) -> str | None:
+    """Standalone mode: ``request_id`` written on every device of the set, or the request
+    in flight there to join (returned; ``request_id`` when ours was written); None when
+    the set changed under the check. A request in flight answered between the two
+    statements makes the write go through on the next try."""
+    for _ in range(WRITE_TRIES):
+        if _write_requests(review, names, request_id, wait) == len(names):
+            return request_id
+        joined = inflight_request(review, names, wait)
+        if joined is not None:
+            return joined
+    return None
 
 
 def wait_budget(timeout: str | None) -> float:
@@ -266,7 +312,10 @@ def bind_and_wait(
 
 def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: float, wait: float) -> Verdict:
     """:func:`bind_and_wait` once the call holds a place among the waiting ones."""
-    joined = inflight_request(review, names, wait)
+    cluster = apiserver.cluster_mode()
+    # Cluster mode asks first (a request in flight needs no annotation); standalone, the
+    # write itself finds a request in flight (:func:`_write_or_join`).
+    joined = inflight_request(review, names, wait) if cluster else None
     request_id = joined or uuid.uuid4().hex
     listener = listening()
     # Noted before the requests are written: a notification after this moves it.
@@ -278,7 +327,7 @@ def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: fl
         committed = True
 
     annotated: list[dict[str, Any]] = []
-    if joined is None and apiserver.cluster_mode():
+    if joined is None and cluster:
         refused = annotate_in_cluster(review, names, request_id, annotated)
         if refused is not None:
             return refused
@@ -291,18 +340,10 @@ def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: fl
                 # binder's status write must name (else it meets a 409 until the watch
                 # brings the annotation).
                 mirror_objects("GPU", annotated, queue=False)
-            if joined is not None:
-                # The request in flight has its answer pass queued; asking again is collapsed.
-                transaction.on_commit(mark_committed)
-                queue.queue_answer_pass()
-                raise _Joined
-            written = _write_requests(review, names, request_id)
-            if written != len(names):
-                raise _SetChanged
+            request_id = _write(review, names, request_id, joined, cluster, wait)
             transaction.on_commit(mark_committed)
+            # Joining a request in flight: its answer pass is queued; asking again is collapsed.
             queue.queue_answer_pass()
-    except _Joined:
-        pass
     except _SetChanged:
         return admission.set_changed(review)
     except Exception:

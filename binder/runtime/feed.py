@@ -25,9 +25,9 @@ So the next read asks for ``position > P OR xid IN xip OR xid >= xmax``
 ``xid >= xmax`` entries are those the snapshot could not see, so nothing is read twice,
 but for the reader's own transaction, whose entries it saw (in a test, everything may be
 one transaction): those are left to the position rule, as the ``xip`` list leaves them.
-(A transaction that had no id yet at the read takes positions above ``P``.) Pruning keeps the same entries for every live reader
-(:func:`prune_feed`). SQLite runs one writer at a time, so positions commit in order and
-``position > P`` suffices. ``tests/test_feed.py`` proves the late commit with two
+(A transaction that had no id yet at the read takes positions above ``P``.) Pruning keeps
+the same entries for every live reader (:func:`prune_feed`). SQLite runs one writer at a
+time, so positions commit in order and ``position > P`` suffices. ``tests/test_feed.py`` proves the late commit with two
 connections, ``tests/test_freshness_late_commit.py`` the one above ``xmax``.
 
 **Gaps** (the reader must rebuild): the feed went backwards (its highest position is

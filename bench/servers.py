@@ -18,7 +18,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
+#: The benches' broker (``GPUPLANE_BENCH_REDIS_URL`` picks another database, so benches run
+#: side by side do not share one; each run's keys carry a prefix of its own anyway).
+REDIS_URL = os.environ.get("GPUPLANE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 
 
 def free_port() -> int:

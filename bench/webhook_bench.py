@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -278,8 +279,12 @@ def _connection(url: str, fresh: bool = False) -> http.client.HTTPConnection:
     return conn
 
 
-def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = None) -> tuple[float, str, str]:
-    """One webhook call: (seconds, "allowed" / "denied" / "error", denial message).
+Result = tuple[float, str, str, float, float]
+
+
+def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = None) -> Result:
+    """One webhook call: (seconds, "allowed" / "denied" / "error", denial message, and the
+    wall-clock times it was sent and answered, for :func:`pending_breakdown`).
 
     With ``pending``, ``body`` is a Pending set's spec: the set is inserted first (untimed).
     The review is encoded before the clock starts; the call goes over the thread's
@@ -289,6 +294,7 @@ def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = Non
         body = pending.insert(body)
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
+    sent = time.time()
     clock = time.perf_counter()
     try:
         for attempt in range(2):
@@ -301,20 +307,20 @@ def call(url: str, body: dict[str, Any] | Any, pending: PendingSets | None = Non
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 if attempt:
                     raise
-                clock = time.perf_counter()  # the server closed an idle connection: not its latency
+                sent, clock = time.time(), time.perf_counter()  # the server closed an idle connection
         if resp.status != 200:
-            return time.perf_counter() - clock, "error", f"HTTP {resp.status}"
+            return time.perf_counter() - clock, "error", f"HTTP {resp.status}", sent, time.time()
         out = json.loads(raw)
     except (OSError, ValueError, http.client.HTTPException) as exc:
         _local.conn = None
-        return time.perf_counter() - clock, "error", str(exc)
-    seconds = time.perf_counter() - clock
+        return time.perf_counter() - clock, "error", str(exc), sent, time.time()
+    seconds, done = time.perf_counter() - clock, time.time()
     answer = out.get("response", {})
     if answer.get("uid") != body["request"]["uid"]:
-        return seconds, "error", "uid not echoed"
+        return seconds, "error", "uid not echoed", sent, done
     if answer.get("allowed"):
-        return seconds, "allowed", ""
-    return seconds, "denied", answer.get("status", {}).get("message", "")
+        return seconds, "allowed", "", sent, done
+    return seconds, "denied", answer.get("status", {}).get("message", ""), sent, done
 
 
 def run_case(
@@ -323,6 +329,7 @@ def run_case(
     cpu = cpu_seconds(server) if server else 0.0
     own = time.process_time()
     clock = time.perf_counter()
+    since = datetime.now(UTC)
     with ThreadPoolExecutor(max_workers=clients) as pool:
         results = list(pool.map(lambda body: call(url, body, pending), bodies))
     wall = time.perf_counter() - clock
@@ -350,6 +357,10 @@ def run_case(
         "http_5xx": sum(1 for r in results if r[1] == "error" and r[2].startswith("HTTP 5")),
         **outcome,
     }
+    if pending is not None and not name.startswith("warm"):
+        case["breakdown"] = pending_breakdown(
+            [(body[1], r[3], r[4]) for body, r in zip(bodies, results, strict=True)], since
+        )
     print(
         f"{name}: {len(results)} calls in {wall:.1f} s, p50 {case['p50'] * 1000:.0f} ms, "
         f"p99 {case['p99'] * 1000:.0f} ms, {len(results) / wall:.0f} calls/s, "
@@ -359,6 +370,161 @@ def run_case(
         flush=True,
     )
     return case
+
+
+#: The wrk script: each connection posts the reviews of a file in turn (one JSON body a
+#: line), counts answers that are not 200 with ``"allowed":true``, and prints one JSON line.
+WRK_SCRIPT = r"""
+bodies = {}
+i = 0
+failed = 0
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+  i = math.random(#bodies)
+end
+function request()
+  i = i % #bodies + 1
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[i])
+end
+function response(status, headers, body)
+  if status ~= 200 or not string.find(body, '"allowed":true', 1, true) then failed = failed + 1 end
+end
+function done(summary, latency, requests)
+  local bad = 0
+  for _, t in ipairs(threads) do bad = bad + t:get("failed") end
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "mean_us": %f,'
+    .. ' "failed": %d, "socket_errors": %d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.max, latency.mean, bad, e.connect + e.read + e.write + e.status + e.timeout))
+end
+"""
+
+
+def run_wrk_case(name: str, url: str, bodies: list[Any], clients: int, seconds: float, server: int) -> dict[str, Any]:
+    """Bound calls from ``wrk`` (C, epoll, one thread) instead of Python threads: the same
+    endpoint, ``?timeout=10s``, one keep-alive connection per client, closed loop, for
+    ``seconds``. A leaner stand-in for the kube-apiserver, which calls from another machine:
+    the 50 client threads took about a quarter of a core from the server."""
+    import resource
+    import shutil
+
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("--generator wrk needs wrk on the PATH (Debian: apt-get install wrk)")
+    with tempfile.TemporaryDirectory(prefix="whbench-wrk-") as tmp:
+        script, data = Path(tmp) / "reviews.lua", Path(tmp) / "reviews.jsonl"
+        script.write_text(WRK_SCRIPT)
+        data.write_text("".join(json.dumps(body) + "\n" for body in bodies))
+        cmd = [wrk, "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script)]
+        cmd += [f"{url}/webhooks/vmi?timeout=10s", "--", str(data)]
+        cpu = cpu_seconds(server)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        clock = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)  # noqa: S603
+        wall = time.perf_counter() - clock
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = cpu_seconds(server) - cpu
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    calls = out["requests"]
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    seconds_run = out["duration_us"] / 1e6
+    case = {
+        "case": name,
+        "generator": "wrk",
+        "clients": clients,
+        "calls": calls,
+        "wall": seconds_run,
+        "p50": out["p50_us"] / 1e6,
+        "p99": out["p99_us"] / 1e6,
+        "p90": out["p90_us"] / 1e6,
+        "max": out["max_us"] / 1e6,
+        "mean": out["mean_us"] / 1e6,
+        "timeouts": 0,
+        "calls_per_s": calls / seconds_run,
+        "server_cpu_ms_per_call": cpu * 1000 / calls,
+        "server_cores": cpu / wall,
+        "client_cores": own / wall,
+        "messages": [],
+        "http_5xx": 0,
+        "allowed": calls - out["failed"],
+        "denied": 0,
+        "error": out["failed"] + out["socket_errors"],
+    }
+    print(
+        f"{name}: {calls} calls in {seconds_run:.1f} s, p50 {case['p50'] * 1000:.0f} ms, "
+        f"p99 {case['p99'] * 1000:.0f} ms, {case['calls_per_s']:.0f} calls/s, "
+        f"server CPU {case['server_cpu_ms_per_call']:.2f} ms/call ({case['server_cores']:.2f} cores), "
+        f"wrk {case['client_cores']:.2f} cores, not allowed or failed {case['error']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return case
+
+
+def bound_cases(name: str, url: str, bound: list[Any], args: argparse.Namespace, server: int) -> list[dict[str, Any]]:
+    """The 50-client Bound case from the generators ``--generator`` names."""
+    cases = []
+    if args.generator in ("threads", "both"):
+        cases.append(run_case(name, url, bound, args.clients, server=server))
+    if args.generator in ("wrk", "both"):
+        cases.append(run_wrk_case(f"{name}, wrk", url, bound, args.clients, args.wrk_seconds, server))
+    return cases
+
+
+def pending_breakdown(spans: list[tuple[str, float, float]], since: datetime) -> dict[str, Any]:
+    """Where a Pending call's time went, from the client's clock and the database's records
+    (one machine, one clock): sent -> bind request written (``bind_requested_at``) -> the
+    answer pass that bound the set starts (``PassRun.started``, once it holds the pass lock)
+    -> it finishes (``finished``; the commit and NOTIFY follow) -> the answer reaches the
+    client (the wake, the shared answer read, the follow and the response). Also the passes
+    run meanwhile: how many, and how long."""
+    from binder import models
+
+    vms = [vm for vm, _, _ in spans]
+    written: dict[str, datetime] = {}
+    for vm, at in models.GpuDevice.objects.filter(vm_name__in=vms).values_list("vm_name", "bind_requested_at"):
+        if at is not None:
+            written[vm] = min(at, written.get(vm, at))
+    passes = {
+        vm: (run_id, kind, started, finished)
+        for vm, run_id, kind, started, finished in models.Decision.objects.filter(vm_name__in=vms, to_phase="Bound")
+        .order_by("pass_run_id")
+        .values_list("vm_name", "pass_run_id", "pass_run__kind", "pass_run__started", "pass_run__finished")
+    }
+    segments: dict[str, list[float]] = {k: [] for k in ("written", "queued", "pass", "answered", "total")}
+    for vm, sent, done in spans:
+        if vm not in written or vm not in passes or passes[vm][3] is None:
+            continue
+        _, _, started, finished = passes[vm]
+        marks = [sent, written[vm].timestamp(), started.timestamp(), finished.timestamp(), done]
+        steps = ("written", "queued", "pass", "answered")
+        for key, (a, b) in zip(steps, itertools.pairwise(marks), strict=True):
+            segments[key].append(b - a)
+        segments["total"].append(done - sent)
+    runs = list(models.PassRun.objects.filter(started__gte=since).values_list("id", "kind", "duration_ms", "bound"))
+    answering = {run_id for run_id, *_ in passes.values()}
+    by_kind: dict[str, list[float]] = {}
+    for _, kind, ms, _ in runs:
+        by_kind.setdefault(kind, []).append(ms or 0.0)
+    per_pass = [sum(1 for v in passes.values() if v[0] == run_id) for run_id in answering]
+    return {
+        "calls_traced": len(segments["total"]),
+        "ms": {
+            key: {"p50": pct(v, 50) * 1000, "p90": pct(v, 90) * 1000, "p99": pct(v, 99) * 1000}
+            for key, v in segments.items()
+            if v
+        },
+        "passes": {
+            kind: {"count": len(v), "median_ms": statistics.median(v), "max_ms": max(v)} for kind, v in by_kind.items()
+        },
+        "answering_passes": len(answering),
+        "sets_per_answering_pass": statistics.fmean(per_pass) if per_pass else 0.0,
+        "full_passes_answering": sum(1 for v in passes.values() if v[1] == "full"),
+    }
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -375,6 +541,13 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--web-threads", type=int, default=26)
     parser.add_argument("--skip-load", action="store_true", help="only the idle cases")
+    parser.add_argument(
+        "--generator",
+        choices=("threads", "wrk", "both"),
+        default="threads",
+        help="who sends the 50-client Bound calls: Python threads (one keep-alive connection each), wrk, or both",
+    )
+    parser.add_argument("--wrk-seconds", type=float, default=5.0, help="how long each wrk case runs")
     parser.add_argument("--child-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -434,7 +607,7 @@ def main() -> None:
 
             serial = bound[: args.serial_calls]
             cases.append(run_case("(a) Bound sets, idle, 1 client", url, serial, 1, server=server.pid))
-            cases.append(run_case("(a) Bound sets, idle", url, bound, args.clients, server=server.pid))
+            cases += bound_cases("(a) Bound sets, idle", url, bound, args, server.pid)
             if args.serial_pending:
                 case = run_case(
                     "(b) Pending sets, idle, 1 client",
@@ -456,9 +629,7 @@ def main() -> None:
                 loop = PassLoop(args)
                 loop.wait_passes(1)
                 start = len(loop.durations)
-                cases.append(
-                    run_case("(c) Bound sets, full passes back to back", url, bound, args.clients, server=server.pid)
-                )
+                cases += bound_cases("(c) Bound sets, full passes back to back", url, bound, args, server.pid)
                 specs = pending.specs("load", args.pending)
                 case = run_case(
                     "(c) Pending sets, full passes back to back", url, specs, args.clients, pending, server.pid
@@ -525,6 +696,20 @@ def report(
             f"| {c['max'] * ms:.0f} ms | {'–' if cpu is None else f'{cpu:.2f} ms'} "
             f"| {c['server_cores'] or 0:.2f} / {c['client_cores']:.2f} | {c['allowed']} "
             f"| {c['denied']} ({c['timeouts']}) | {c['error']} | {c.get('needed_pass', '–')} |"
+        )
+    for c in cases:
+        b = c.get("breakdown")
+        if not b or not b["ms"]:
+            continue
+        parts = ", ".join(f"{k} {v['p50']:.0f} / {v['p99']:.0f}" for k, v in b["ms"].items())
+        kinds = ", ".join(
+            f"{k} {v['count']} (median {v['median_ms']:.0f}, max {v['max_ms']:.0f} ms)" for k, v in b["passes"].items()
+        )
+        print()
+        print(
+            f"{c['case']}, where the time went (p50 / p99 ms, {b['calls_traced']} calls): {parts}. "
+            f"Passes meanwhile: {kinds}; {b['answering_passes']} passes bound the sets "
+            f"({b['sets_per_answering_pass']:.1f} sets each; {b['full_passes_answering']} sets by a full pass)."
         )
     print()
     print("<details><summary>raw figures (JSON)</summary>\n")

@@ -9,6 +9,9 @@ and the patch encoding that answers them.
   writes nothing; with a place free again the same call binds.
 - The patch is encoded with orjson; what orjson refuses (a lone surrogate copied from the
   VMI) is still encoded, escaped, and decodes to the same ops.
+- Once answered, a call builds its patch from the view it decided with and the set's rows
+  as the shared answer read found them, without a second follow of the read model
+  (``webhooks.binding.answered_view``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ def _cluster() -> None:
     )
 
 
+def scratch_device(namespace: str, name: str) -> Any:
+    """The device's engine record as a read of the whole mirror gives it."""
+    model = ReadModel("scratch")
+    model.rebuild("test")
+    return model.records["GPU"][model.device_ids[(namespace, name)]]
+
+
 def _answer(namespace: str, names: list[str], request: str, answer: str) -> None:
     models.GpuDevice.objects.filter(namespace__name=namespace, name__in=names).update(
         bind_request=request, answered_request=request, answer=answer
@@ -61,10 +71,15 @@ def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_i
     with reads.waiting("t0", ("vm0-gpu0", "vm0-gpu1")), reads.waiting("t1", ("vm1-gpu0", "vm1-gpu1")):
         rows = binding._read_rows(reads._waiting.values())
         assert set(rows) == {("t0", "vm0-gpu0"), ("t0", "vm0-gpu1"), ("t1", "vm1-gpu0"), ("t1", "vm1-gpu1")}
-        assert rows[("t0", "vm0-gpu0")] == ("vm0", "r0", "r0", "bound: n1")
-        assert rows[("t1", "vm1-gpu1")] == ("vm1", "", "", "")
+        assert rows[("t0", "vm0-gpu0")][:4] == ("vm0", "r0", "r0", "bound: n1")
+        assert rows[("t1", "vm1-gpu1")][:4] == ("vm1", "", "", "")
+        # Each row whole, as the mirror converts it (the patch is built from it).
+        assert rows[("t0", "vm0-gpu0")][4] == scratch_device("t0", "vm0-gpu0")
         mine = reads.rows("t1", ("vm1-gpu0", "vm1-gpu1"))
-    assert mine == {"vm1-gpu0": ("vm1", "r1", "r1", "bound: n1"), "vm1-gpu1": ("vm1", "", "", "")}
+    assert {name: row[:4] for name, row in mine.items()} == {
+        "vm1-gpu0": ("vm1", "r1", "r1", "bound: n1"),
+        "vm1-gpu1": ("vm1", "", "", ""),
+    }
     assert reads._waiting == {}  # every registration ended with its block
     assert reads.rows("t2", ("no-such-device",)) == {}
 
@@ -108,7 +123,9 @@ def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monk
         results = [f.result(timeout=30) for f in futures]
     for i, rows in enumerate(results):
         k = i % 6
-        assert rows == {f"vm{k}-gpu{j}": (f"vm{k}", f"r{k}", f"r{k}", f"bound: n{k}") for j in range(2)}
+        assert {name: row[:4] for name, row in rows.items()} == {
+            f"vm{k}-gpu{j}": (f"vm{k}", f"r{k}", f"r{k}", f"bound: n{k}") for j in range(2)
+        }
     assert len(statements) < calls
 
 
@@ -201,3 +218,52 @@ def test_a_call_never_takes_a_read_that_began_before_it_was_registered() -> None
         thread.start()
         thread.join(timeout=30)
     assert [{row[2] for row in rows.values()} for rows in seen] == [{"r3"}]
+
+
+def test_an_answered_call_builds_its_patch_from_the_answer_read_not_a_second_follow(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One follow per Pending call (at arrival); the patch pins the node the binder chose,
+    which the view read before the bind did not hold (no device of the namespace was on it)."""
+    from binder.runtime import readmodel
+
+    model = ReadModel("test")
+    monkeypatch.setattr(readmodel, "MODEL", model)
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8}), gpu_obj("t0", "vm0-gpu0", "h100", "vm0")])
+    model.current()
+    follows = model.counters.follows
+    body = review(new_vmi("t0", "vm0", ["vm0-gpu0"]))
+    patched = allowed_patch(post(client, body), body)
+    assert patched["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "n1"
+    assert model.counters.follows == follows + 1
+
+
+@pytest.mark.parametrize(
+    ("answered", "age", "joins"),
+    # "Now" a minute ahead: the call's own wait is 0.3 s, and the first call builds the model.
+    [(False, -60, True), (True, -60, False), (False, 3600, False)],
+    ids=["in-flight: joined", "answered: replaced", "written before the wait: replaced"],
+)
+def test_a_call_joins_a_request_in_flight_and_replaces_an_answered_or_old_one(
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch, answered: bool, age: int, joins: bool
+) -> None:
+    """The write that finds a request in flight (one statement with the write) joins it;
+    the binder never answers here, so the call times out, leaving the request it waited for."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8})])
+    load_objects([gpu_obj("t0", f"vm0-gpu{j}", "h100", "vm0") for j in range(2)])
+    models.GpuDevice.objects.update(
+        bind_request="r-before",
+        answered_request="r-before" if answered else "",
+        bind_requested_at=timezone.now() - timedelta(seconds=age),
+    )
+    monkeypatch.setattr("binder.queue._send_answer_pass", lambda: None)  # the binder never answers
+    settings.GPUPLANE_BIND_WAIT_SECONDS = 0.3
+    body = review(new_vmi("t0", "vm0", ["vm0-gpu0", "vm0-gpu1"]))
+    assert "try again" in denied(post(client, body), body)
+    requests = set(models.GpuDevice.objects.values_list("bind_request", flat=True))
+    assert (requests == {"r-before"}) is joins
+    assert len(requests) == 1

@@ -32,14 +32,16 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from kubernetes.client import ApiException
 
 from binder import apiserver, models, queue
-from binder.engine import ANSWER_BOUND, Node
+from binder.engine import ANSWER_BOUND, Device, Node
 from binder.errors import describe
-from binder.mirror.read import engine_settings
+from binder.mirror.read import KINDS, engine_settings
 from binder.mirror.write import mirror_objects
+from binder.runtime import readmodel
 from binder.runtime.answers import ANSWERS, AnswerListener, listening
 from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
@@ -69,19 +71,44 @@ def read_nodes(names: Iterable[str]) -> tuple[Node, ...]:
     return read_model().nodes(wanted)
 
 
-def answered_view(view: MirrorView, names: Iterable[str]) -> MirrorView:
-    """The namespace's view read again after the binder answered, with the nodes of ``names``.
+def answered_view(view: MirrorView, names: Iterable[str], rows: Iterable[Device] = ()) -> MirrorView:
+    """The view the patch is built from once the binder answered, with the nodes of ``names``.
 
     The view read before the bind holds the set as it was then: Pending, under its first
     choice. The answer pass may have bound it as a later choice, and the patch must name
-    the class the set is held as (its raw resource and tolerations), so the view is read
-    again; the answer pass committed before its answer was read, so a follow that starts
-    now holds it.
+    the class the set is held as (its raw resource and tolerations). ``rows`` are the set's
+    devices as the answer read found them (whole rows, converted as the mirror converts
+    them): that read began after the answer pass committed, and everything else the view
+    holds was committed before the call arrived, which is all a decision needs (SPEC §5).
+    A node the view does not hold comes from the read model as it stands (it followed at
+    least once since the call arrived). When a class or node is not there, or without
+    ``rows``, the namespace is read again from a follow that starts now.
     """
+    wanted = {n for n in names if n}
+    records = {d.name: d for d in rows}
+    if records:
+        quick = _with_set_rows(view, records, wanted)
+        if quick is not None:
+            return quick
     fresh = mirror_view(view.namespace)
     held = {n.name for n in fresh.nodes}
-    missing = {n for n in names if n and n not in held}
+    missing = {n for n in wanted if n not in held}
     return dataclasses.replace(fresh, nodes=(*fresh.nodes, *read_nodes(missing))) if missing else fresh
+
+
+def _with_set_rows(view: MirrorView, records: dict[str, Device], nodes: set[str]) -> MirrorView | None:
+    """``view`` with the set's ``records`` and the nodes ``nodes`` added; None when the view
+    and the model as it stands lack a class or node they need."""
+    classes = {c.name for c in view.classes}
+    if any(d.class_name not in classes for d in records.values()):
+        return None
+    missing = nodes - {n.name for n in view.nodes}
+    added = readmodel.MODEL.nodes(missing) if missing else ()
+    if len(added) != len(missing):
+        return None
+    records = dict(records)
+    devices = tuple(records.pop(d.name, d) for d in view.devices)
+    return dataclasses.replace(view, devices=(*devices, *records.values()), nodes=(*view.nodes, *added))
 
 
 #: namespace -> (the model's slice it was made from, the view): a view is reused while its
@@ -127,8 +154,22 @@ class _SetChanged(Exception):
     """The set's rows changed between the decision and the bind-request write."""
 
 
-class _Joined(Exception):
-    """This call joins the request in flight: nothing to write."""
+def _write(
+    review: Review, names: tuple[str, ...], request_id: str, joined: str | None, cluster: bool, wait: float
+) -> str:
+    """Write ``request_id`` on the set's devices, or join the request in flight (``joined``,
+    or one the write finds); the request the call then waits for. :class:`_SetChanged`
+    when the set changed under the check."""
+    if joined is not None:
+        return joined
+    if not cluster:
+        found = _write_or_join(review, names, request_id, wait)
+        if found is None:
+            raise _SetChanged
+        return found
+    if _write_requests(review, names, request_id) != len(names):
+        raise _SetChanged
+    return request_id
 
 
 def _device_table() -> tuple[str, str]:
@@ -168,21 +209,62 @@ def _aware(value: Any) -> datetime | None:
     return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
 
 
-def _write_requests(review: Review, names: tuple[str, ...], request_id: str) -> int:
-    """Write ``request_id`` (and the VMI's nodeSelector) on the set's devices; the rows written."""
+def _write_requests(review: Review, names: tuple[str, ...], request_id: str, wait: float | None = None) -> int:
+    """Write ``request_id`` (and the VMI's nodeSelector) on the set's devices; the rows written.
+
+    All or none: one statement, written only when every named device is still the VM's
+    (else 0 rows, and the call is told its set changed). One statement needs no
+    transaction of its own: a BEGIN and a COMMIT were two more round trips per call,
+    each waiting for a core under load. With ``wait``, also nothing when the set has a
+    request in flight by :func:`inflight_request`'s rule (its statement, folded in: the
+    caller then joins that request), so the common case, no request in flight, is one
+    round trip."""
     devices, namespaces = _device_table()
     field = models.GpuDevice._meta.get_field("bind_node_selector")
     selector = field.get_db_prep_value(dict(review.scheduling.node_selector), connection)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    now = timezone.now()
     marks = ", ".join(["%s"] * len(names))
+    where = (
+        f"namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"  # noqa: S608
+        f" AND vm_name = %s AND name IN ({marks})"
+    )
+    owner = [review.namespace, review.name, *names]
+    check = "count(*) = %s"
+    params: list[Any] = [len(names)]
+    if wait is not None:
+        # Not in flight: a device without a request, or answered, or written before the
+        # wait began, or the set's devices carry different requests.
+        check += (
+            " AND (count(DISTINCT bind_request) <> 1 OR min(bind_request) = ''"
+            " OR sum(CASE WHEN answered_request = bind_request OR bind_requested_at IS NULL"
+            " OR bind_requested_at < %s THEN 1 ELSE 0 END) > 0)"
+        )
+        params.append(connection.ops.adapt_datetimefield_value(now - timedelta(seconds=wait)))
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {devices} SET bind_request = %s, bind_requested_at = %s, bind_node_selector = %s"  # noqa: S608
-            f" WHERE namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"
-            f" AND vm_name = %s AND name IN ({marks})",
-            [request_id, now, selector, review.namespace, review.name, *names],
+            f" WHERE {where} AND (SELECT CASE WHEN {check} THEN 1 ELSE 0 END FROM {devices} WHERE {where}) = 1",
+            [request_id, connection.ops.adapt_datetimefield_value(now), selector, *owner, *params, *owner],
         )
         return int(cursor.rowcount)
+
+
+#: Tries at writing a new request or joining the one in flight before a set is taken as changed.
+WRITE_TRIES = 3
+
+
+def _write_or_join(review: Review, names: tuple[str, ...], request_id: str, wait: float) -> str | None:
+    """Standalone mode: ``request_id`` written on every device of the set, or the request
+    in flight there to join (returned; ``request_id`` when ours was written); None when
+    the set changed under the check. A request in flight answered between the two
+    statements makes the write go through on the next try."""
+    for _ in range(WRITE_TRIES):
+        if _write_requests(review, names, request_id, wait) == len(names):
+            return request_id
+        joined = inflight_request(review, names, wait)
+        if joined is not None:
+            return joined
+    return None
 
 
 def wait_budget(timeout: str | None) -> float:
@@ -230,7 +312,10 @@ def bind_and_wait(
 
 def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: float, wait: float) -> Verdict:
     """:func:`bind_and_wait` once the call holds a place among the waiting ones."""
-    joined = inflight_request(review, names, wait)
+    cluster = apiserver.cluster_mode()
+    # Cluster mode asks first (a request in flight needs no annotation); standalone, the
+    # write itself finds a request in flight (:func:`_write_or_join`).
+    joined = inflight_request(review, names, wait) if cluster else None
     request_id = joined or uuid.uuid4().hex
     listener = listening()
     # Noted before the requests are written: a notification after this moves it.
@@ -242,29 +327,23 @@ def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: fl
         committed = True
 
     annotated: list[dict[str, Any]] = []
-    if joined is None and apiserver.cluster_mode():
+    if joined is None and cluster:
         refused = annotate_in_cluster(review, names, request_id, annotated)
         if refused is not None:
             return refused
     try:
-        with transaction.atomic():
+        # Cluster mode mirrors the annotated objects with the write, in one transaction;
+        # standalone, the write is one statement, committed as it runs.
+        with transaction.atomic() if annotated else contextlib.nullcontext():
             if annotated:
                 # The objects as the API server stored them: the rows get the version the
                 # binder's status write must name (else it meets a 409 until the watch
                 # brings the annotation).
                 mirror_objects("GPU", annotated, queue=False)
-            if joined is not None:
-                # The request in flight has its answer pass queued; asking again is collapsed.
-                transaction.on_commit(mark_committed)
-                queue.queue_answer_pass()
-                raise _Joined
-            written = _write_requests(review, names, request_id)
-            if written != len(names):
-                raise _SetChanged
+            request_id = _write(review, names, request_id, joined, cluster, wait)
             transaction.on_commit(mark_committed)
+            # Joining a request in flight: its answer pass is queued; asking again is collapsed.
             queue.queue_answer_pass()
-    except _Joined:
-        pass
     except _SetChanged:
         return admission.set_changed(review)
     except Exception:
@@ -309,7 +388,7 @@ def _wait(
             return answers
         if answers is not None:
             answered = (a.removeprefix(ANSWER_BOUND) for a in answers.values() if a.startswith(ANSWER_BOUND))
-            return conclude(review, answered_view(view, answered), answers)
+            return conclude(review, answered_view(view, answered, answers.rows), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
@@ -370,8 +449,9 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-#: One device's answer columns: (vm_name, bind_request, answered_request, answer).
-Row = tuple[str, str, str, str]
+#: One device's answer columns: (vm_name, bind_request, answered_request, answer), then its
+#: whole row as an engine record (:func:`answered_view` builds the patch from it).
+Row = tuple[str, str, str, str, Device]
 
 
 class AnswerReads:
@@ -472,33 +552,39 @@ class AnswerReads:
 
 
 def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, str], Row]:
-    """The answer columns of the devices of ``wanted`` ((namespace, names) pairs), one statement."""
+    """The rows of the devices of ``wanted`` ((namespace, names) pairs), one statement,
+    whole: a call whose answers are all in builds its patch from them with no other read."""
     by_namespace: dict[str, set[str]] = {}
     for namespace, names in wanted:
         by_namespace.setdefault(namespace, set()).update(names)
-    devices, namespaces = _device_table()
-    clauses: list[str] = []
-    params: list[str] = []
+    if not by_namespace:
+        return {}
+    model, convert, fields = KINDS["GPU"]
+    which = Q()
     for namespace in sorted(by_namespace):
-        listed = sorted(by_namespace[namespace])
-        clauses.append(f"(n.name = %s AND d.name IN ({', '.join(['%s'] * len(listed))}))")
-        params += [namespace, *listed]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT n.name, d.name, d.vm_name, d.bind_request, d.answered_request, d.answer"  # noqa: S608
-            f" FROM {devices} d JOIN {namespaces} n ON n.id = d.namespace_id WHERE {' OR '.join(clauses)}",
-            params,
-        )
-        return {(ns, name): (vm, request, answered, answer) for ns, name, vm, request, answered, answer in cursor}
+        which |= Q(namespace__name=namespace, name__in=sorted(by_namespace[namespace]))
+    found: dict[tuple[str, str], Row] = {}
+    for namespace, name, *values in (
+        model.objects.filter(which).order_by().values_list("namespace__name", "name", *fields)
+    ):
+        device = convert(namespace, name, *values)
+        found[(namespace, name)] = (device.vm_name, device.bind_request, device.answered_request, device.answer, device)
+    return found
 
 
 #: This process's shared answer reads.
 ANSWER_READS = AnswerReads()
 
 
+class Answers(dict[str, str]):
+    """Each device's answer, and the set's rows as the answer read found them (``rows``)."""
+
+    rows: tuple[Device, ...] = ()
+
+
 def answers_of(
     review: Review, names: tuple[str, ...], request_id: str, woken: int | None = None
-) -> dict[str, str] | Verdict | str | None:
+) -> Answers | Verdict | str | None:
     """The answers when every device answered ``request_id``; None while some have not; the
     newer request id when another call replaced ``request_id`` on every device (follow it).
 
@@ -508,17 +594,19 @@ def answers_of(
     """
     found = ANSWER_READS.rows(review.namespace, names, woken)
     rows = {
-        name: (request, answered, answer)
-        for name, (vm, request, answered, answer) in found.items()
+        name: (request, answered, answer, record)
+        for name, (vm, request, answered, answer, record) in found.items()
         if vm == review.name
     }
     gone = sorted(set(names) - set(rows))
     if gone:
         # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
         return admission.device_gone(review, gone[0])
-    if all(answered == request_id for _, answered, _ in rows.values()):
-        return {name: answer for name, (_, _, answer) in rows.items()}
-    latest = {request for request, _, _ in rows.values()}
+    if all(answered == request_id for _, answered, _, _ in rows.values()):
+        done = Answers({name: answer for name, (_, _, answer, _) in rows.items()})
+        done.rows = tuple(record for _, _, _, record in rows.values())
+        return done
+    latest = {request for request, _, _, _ in rows.values()}
     if len(latest) == 1 and request_id not in latest and "" not in latest:
         # Superseded on every device: the newer request's answer answers this call too.
         return latest.pop()

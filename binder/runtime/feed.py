@@ -11,16 +11,24 @@ again). One module for both, so the rules below exist once.
 **Which entries a reader must (re-)read.** Positions come from a sequence when the writer
 inserts, not when it commits, so a reader that saw position P may later see a smaller
 position commit. The rule (PostgreSQL): a read takes, in the same statement (one
-snapshot), the highest position ``P`` and the snapshot's in-progress transaction ids
-``XIP`` (``pg_snapshot_xip``). Any transaction that can still commit a position below
-``P`` held its transaction id before ``P`` was taken (it wrote its mirrored row, then the
-trigger took the position) and had not committed when the reader's snapshot was taken
-(else its entry would have been visible), so its id is in ``XIP``. The next read
-therefore asks for ``position > P OR xid IN XIP``: it catches every late commit and
-re-reads nothing else; nothing older can appear. (A transaction that had no id yet at
-the read takes positions above ``P``.) SQLite runs one writer at a time, so positions
-commit in order and ``position > P`` suffices. ``tests/test_feed.py`` proves the late
-commit with two connections.
+snapshot), the highest position ``P`` and the snapshot's **horizon**: the transaction ids
+it lists as in progress (``pg_snapshot_xip``) and, last, its ``xmax``. Any transaction
+that can still commit a position below ``P`` held its transaction id before ``P`` was
+taken (it wrote its mirrored row, then the trigger took the position) and had not
+committed when the reader's snapshot was taken (else its entry would have been visible).
+PostgreSQL lists such a transaction in ``xip`` only when its id is below ``xmax`` (one past
+the newest transaction *completed* at the snapshot); one with a newer id is just as much
+in progress but not listed, and it can hold a position below ``P``: it took its position,
+an older transaction took a higher one and committed, and nothing newer had completed yet.
+So the next read asks for ``position > P OR xid IN xip OR xid >= xmax``
+(:func:`read_feed`): it catches every late commit; nothing older can appear. The
+``xid >= xmax`` entries are those the snapshot could not see, so nothing is read twice,
+but for the reader's own transaction, whose entries it saw (in a test, everything may be
+one transaction): those are left to the position rule, as the ``xip`` list leaves them.
+(A transaction that had no id yet at the read takes positions above ``P``.) Pruning keeps
+the same entries for every live reader (:func:`prune_feed`). SQLite runs one writer at a
+time, so positions commit in order and ``position > P`` suffices. ``tests/test_feed.py`` proves the late commit with two
+connections, ``tests/test_freshness_late_commit.py`` the one above ``xmax``.
 
 **Gaps** (the reader must rebuild): the feed went backwards (its highest position is
 below ours), the entry at our mark is gone or another (the feed was reset, or pruned past
@@ -31,9 +39,11 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from django.db import connection
+from django.db.models import Q
 
 from binder import models
 
@@ -88,7 +98,8 @@ class FeedRead:
     top_mark: str
     mark: str
     """The token of the entry at the reader's mark ("" when there is none)."""
-    xip: tuple[int, ...]
+    horizon: tuple[int, ...]
+    """PostgreSQL: the snapshot's in-progress transaction ids, then its xmax (see the module doc)."""
     entries: list[Entry]
 
     def ids_by_kind(self) -> dict[str, set[int]]:
@@ -100,9 +111,22 @@ class FeedRead:
         return by_kind
 
 
-def read_feed(position: int | None, horizon: tuple[int, ...], mark_at: int, skip: OwnWrites | None = None) -> FeedRead:
+def frontier(horizon: Sequence[int]) -> int | None:
+    """The lowest transaction id a horizon holds whole: its last element, the snapshot's
+    xmax (the in-progress ids before it are all below it); None for an empty horizon."""
+    return max(horizon) if horizon else None
+
+
+def listed(horizon: Sequence[int]) -> list[int]:
+    """The transaction ids a horizon lists below its frontier (the frontier itself is
+    held by the ``xid >= xmax`` rule, which leaves the reader's own transaction out)."""
+    top = frontier(horizon)
+    return sorted({int(x) for x in horizon if int(x) != top})
+
+
+def read_feed(position: int | None, horizon: Sequence[int], mark_at: int, skip: OwnWrites | None = None) -> FeedRead:
     """The feed's top, the entries after ``position`` (and of ``horizon``'s transactions),
-    less ``skip``, and, on PostgreSQL, the transactions in progress: one statement, so one
+    less ``skip``, and, on PostgreSQL, the snapshot's horizon: one statement, so one
     snapshot. ``position=None``: the top only (a reader about to read every row)."""
     at = position if position is not None else -1
     with connection.cursor() as cursor:
@@ -112,15 +136,17 @@ def read_feed(position: int | None, horizon: tuple[int, ...], mark_at: int, skip
             # Without them, (NULL, 0, 0) keeps every row.
             own = (skip.xid, skip.after, skip.upto) if skip is not None and skip.xid is not None else (None, 0, 0)
             cursor.execute(
-                "SELECT s.top, s.top_mark, s.mark, s.xip, c.position, c.kind, c.object_id, c.op, c.xid FROM"
+                "SELECT s.top, s.top_mark, s.mark, s.horizon, c.position, c.kind, c.object_id, c.op, c.xid FROM"
                 " (SELECT coalesce((SELECT max(position) FROM binder_change), 0) AS top,"
                 " (SELECT token FROM binder_change ORDER BY position DESC LIMIT 1) AS top_mark,"
                 " (SELECT token FROM binder_change WHERE position = %s) AS mark,"
-                " ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x) AS xip) AS s"
-                " LEFT JOIN binder_change AS c ON (c.position > %s OR c.xid = ANY(%s::bigint[])) AND %s"
-                " AND (c.xid IS DISTINCT FROM %s OR c.position <= %s OR c.position > %s)"
+                " ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x)"
+                " || pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS horizon) AS s"
+                " LEFT JOIN binder_change AS c ON (c.position > %s OR c.xid = ANY(%s::bigint[])"
+                " OR c.xid >= %s AND c.xid IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint)"
+                " AND %s AND (c.xid IS DISTINCT FROM %s OR c.position <= %s OR c.position > %s)"
                 " ORDER BY c.position",
-                [mark_at, at, list(horizon), position is not None, *own],
+                [mark_at, at, listed(horizon), frontier(horizon), position is not None, *own],
             )
             rows = cursor.fetchall()
             first = rows[0]
@@ -128,7 +154,7 @@ def read_feed(position: int | None, horizon: tuple[int, ...], mark_at: int, skip
                 top=int(first[0]),
                 top_mark=first[1] or "",
                 mark=first[2] or "",
-                xip=tuple(int(x) for x in first[3]),
+                horizon=tuple(int(x) for x in first[3]),
                 entries=[
                     (r[4], r[5], r[6], r[7])
                     for r in rows
@@ -149,7 +175,7 @@ def read_feed(position: int | None, horizon: tuple[int, ...], mark_at: int, skip
                 [position],
             )
             entries = [tuple(r) for r in cursor.fetchall() if not (skip is not None and skip.covers(r[0], None))]
-        return FeedRead(top=int(top), top_mark=top_mark or "", mark=found or "", xip=(), entries=entries)
+        return FeedRead(top=int(top), top_mark=top_mark or "", mark=found or "", horizon=(), entries=entries)
 
 
 @dataclass(slots=True)
@@ -158,7 +184,7 @@ class FeedCursor:
 
     position: int = 0
     horizon: tuple[int, ...] = ()
-    """PostgreSQL: the transactions in progress at the last read (see the module doc)."""
+    """PostgreSQL: the transactions in progress at the last read, then its xmax (see the module doc)."""
     mark: str = ""
     """The random token of the entry at ``mark_at``: a reset feed has another there (or none)."""
     mark_at: int = 0
@@ -197,7 +223,7 @@ class FeedCursor:
         would look unchanged. The anchor's position may be above entries not read yet, so
         it is only the mark: reading goes on from ``position``.
         """
-        self.position, self.horizon = feed.top, feed.xip
+        self.position, self.horizon = feed.top, feed.horizon
         if feed.top:
             self.mark, self.mark_at = feed.top_mark, feed.top
             return
@@ -205,3 +231,27 @@ class FeedCursor:
             kind="*", op=models.ChangeOp.ANCHOR, name=self.anchor_name[:253], token=uuid.uuid4().hex
         )
         self.mark, self.mark_at = anchor.token, anchor.position
+
+
+def prune_feed(floor: int, horizons: Iterable[Sequence[int]]) -> int:
+    """Delete the entries below ``floor`` (the lowest position of every live reader) but
+    those of transactions in any of their ``horizons`` (listed, or at or above its xmax):
+    a reader may still have to read them. Returns how many were deleted."""
+    kept: set[int] = set()
+    lowest: int | None = None
+    for horizon in horizons:
+        ids = [int(x) for x in horizon]
+        kept.update(listed(ids))
+        top = frontier(ids)
+        if top is not None:
+            lowest = top if lowest is None else min(lowest, top)
+    doomed = models.Change.objects.filter(position__lt=floor).exclude(xid__in=sorted(kept))
+    if lowest is not None:
+        # The pruner's own entries below the floor are not a reader's late commit (the
+        # position rule covers them, as ``read_feed`` leaves them).
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_xact_id_if_assigned()::text::bigint")
+            own = cursor.fetchone()[0]
+        doomed = doomed.exclude(Q(xid__gte=lowest) & ~Q(xid=own))
+    deleted, _ = doomed.delete()
+    return deleted

@@ -314,7 +314,17 @@ class ReadModel(MirrorState):
             self.lock.release()
 
     def slice(self, namespace: str) -> Slice:
-        """The records of ``namespace`` (call :meth:`current` first)."""
+        """The records of ``namespace`` (call :meth:`current` first).
+
+        A slice already made is returned without the lock: a follow holds the lock while it
+        reads rows from the database, and every call deciding meanwhile would wait for it.
+        A kept slice is at least as fresh as the caller's own follow: that follow dropped
+        every slice whose records it changed before it finished, and a follow running now
+        (which may not have dropped it yet) began after it. Slices are immutable; reading
+        one dict entry is atomic."""
+        found = self._slices.get(namespace) if self.valid else None
+        if found is not None:
+            return found
         with self.reading():
             found = self._slices.get(namespace)
             if found is not None:
@@ -336,7 +346,13 @@ class ReadModel(MirrorState):
             return found
 
     def nodes(self, names: Iterable[str]) -> tuple[Node, ...]:
-        """The model's nodes of ``names`` (missing ones left out)."""
+        """The model's nodes of ``names`` (missing ones left out).
+
+        Without the lock when the model's node index is built (as :meth:`slice` reads a kept
+        slice: each node record is immutable, and the index only moves forward)."""
+        kept = self.node_cache.nodes if self.valid else None
+        if kept is not None:
+            return tuple(kept[n] for n in sorted(set(names)) if n in kept)
         with self.reading():
             by_name, _ = self.node_cache.index(self._tuple("Node"))
             return tuple(by_name[n] for n in sorted(set(names)) if n in by_name)

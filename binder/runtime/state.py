@@ -44,7 +44,7 @@ from binder.engine import PassResult
 from binder.engine import types as e
 from binder.engine.placement import is_settled
 from binder.engine.usage import Subjects
-from binder.runtime.feed import OwnWrites
+from binder.runtime.feed import OwnWrites, prune_feed
 from binder.runtime.mirror_state import Catchup, MirrorState, SetKey
 
 log = logging.getLogger(__name__)
@@ -307,8 +307,7 @@ class ClusterState(MirrorState):
         floor = min([self.position, *(position for position, _ in readers)])
         if floor <= self.pruned:
             return 0
-        keep = sorted({*self.horizon, *(int(x) for _, horizon in readers for x in horizon)})
-        deleted, _ = models.Change.objects.filter(position__lt=floor).exclude(xid__in=keep).delete()
+        deleted = prune_feed(floor, [self.horizon, *(horizon for _, horizon in readers)])
         self.cursor.pruned = floor
         return deleted
 

@@ -123,3 +123,71 @@ def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(
     follow = run_pass(models.PassKind.FULL, state)
     assert follow.view in ("incremental", "unchanged") and follow.rows_read == 0
     _same_as_a_rebuild(state)
+
+
+def _pending_rows() -> dict[str, tuple[str, str]]:
+    return {name: (phase, node) for name, phase, node in models.GpuDevice.objects.values_list("name", "phase", "node")}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("side", ["database", "bookkeeping"])
+def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(monkeypatch: pytest.MonkeyPatch, side: str) -> None:
+    """A large pass's writes run in a thread while the state's bookkeeping runs in the
+    pass's: a failure on either side fails the pass after both ended, nothing is written,
+    the state is dropped, and the next pass places the same orders from a rebuild."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the writes beside the bookkeeping are PostgreSQL's")
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    load_objects(_cluster(6))
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)  # places the six orders: a rebuild
+    models.GpuDevice.objects.exclude(vm_name="old").update(phase="Pending", node="", status_class_name="")
+    before = _pending_rows()
+    ran: list[str] = []
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        ran.append(side)
+        raise RuntimeError(f"{side} failed")
+
+    if side == "database":
+        monkeypatch.setattr(passes, "_write_statements", broken)
+    else:
+        monkeypatch.setattr(ClusterState, "apply_result", broken)
+    with pytest.raises(RuntimeError, match=f"{side} failed"):
+        run_pass(models.PassKind.FULL, state)
+    assert ran == [side]
+    assert _pending_rows() == before
+    assert not state.valid
+    monkeypatch.undo()
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    again = run_pass(models.PassKind.FULL, state)
+    assert again.view == "rebuilt" and again.bound == 6
+    _same_as_a_rebuild(state)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_room_for_large_writes_ends_with_the_pass() -> None:
+    """A large pass raises work_mem and turns jit off for its own transaction only."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's settings")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW work_mem")
+        default = cursor.fetchone()[0]
+    seen: list[tuple[str, str]] = []
+    write = passes._write_statements
+
+    def watching(pg: Any, *args: Any) -> None:
+        with pg.cursor() as cursor:
+            cursor.execute("SELECT current_setting('work_mem'), current_setting('jit')")
+            seen.append(cursor.fetchone())
+        write(pg, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(passes, "COPY_DEVICES_FROM", 1)
+        patch.setattr(passes, "_write_statements", watching)
+        load_objects(_cluster(6))
+        assert run_pass(models.PassKind.FULL, ClusterState()).bound == 6
+    assert seen == [(f"{passes.WORK_MEM_MIB[0]}MB", "off")]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW work_mem")
+        assert cursor.fetchone()[0] == default

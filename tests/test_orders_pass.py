@@ -131,7 +131,9 @@ def _pending_rows() -> dict[str, tuple[str, str]]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("side", ["database", "bookkeeping"])
-def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(monkeypatch: pytest.MonkeyPatch, side: str) -> None:
+def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(
+    monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
     """A large pass's writes run in a thread while the state's bookkeeping runs in the
     pass's: a failure on either side fails the pass after both ended, nothing is written,
     the state is dropped, and the next pass places the same orders from a rebuild."""
@@ -167,13 +169,17 @@ def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(monkeypatch
 
 @pytest.mark.django_db(transaction=True)
 def test_the_room_for_large_writes_ends_with_the_pass() -> None:
-    """A large pass raises work_mem and turns jit off for its own transaction only."""
+    """A large pass raises work_mem and turns jit off for its own transaction only, and
+    prices random reads lower for its device UPDATE alone."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's settings")
     with connection.cursor() as cursor:
         cursor.execute("SHOW work_mem")
         default = cursor.fetchone()[0]
+        cursor.execute("SHOW random_page_cost")
+        page_cost = cursor.fetchone()[0]
     seen: list[tuple[str, str]] = []
+    after: list[str] = []
     write = passes._write_statements
 
     def watching(pg: Any, *args: Any) -> None:
@@ -181,6 +187,9 @@ def test_the_room_for_large_writes_ends_with_the_pass() -> None:
             cursor.execute("SELECT current_setting('work_mem'), current_setting('jit')")
             seen.append(cursor.fetchone())
         write(pg, *args)
+        with pg.cursor() as cursor:  # the usage records' statements plan as always
+            cursor.execute("SELECT current_setting('random_page_cost')")
+            after.append(cursor.fetchone()[0])
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(passes, "COPY_DEVICES_FROM", 1)
@@ -188,6 +197,7 @@ def test_the_room_for_large_writes_ends_with_the_pass() -> None:
         load_objects(_cluster(6))
         assert run_pass(models.PassKind.FULL, ClusterState()).bound == 6
     assert seen == [(f"{passes.WORK_MEM_MIB[0]}MB", "off")]
+    assert after == [page_cost]
     with connection.cursor() as cursor:
         cursor.execute("SHOW work_mem")
         assert cursor.fetchone()[0] == default

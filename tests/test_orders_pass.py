@@ -168,36 +168,46 @@ def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_room_for_large_writes_ends_with_the_pass() -> None:
-    """A large pass raises work_mem and turns jit off for its own transaction only, and
-    prices random reads lower for its device UPDATE alone."""
+@pytest.mark.parametrize("temp_refused", [False, True])
+def test_a_large_device_update_alone_plans_with_its_own_settings(
+    monkeypatch: pytest.MonkeyPatch, temp_refused: bool
+) -> None:
+    """A large pass's device UPDATE runs with more work_mem, without jit and with random
+    reads priced lower (either way it writes: COPY or one statement); the statements after
+    it, the usage records' among them, plan with the configured values again."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's settings")
+    settings = (
+        "current_setting('work_mem') AS work_mem, current_setting('jit') AS jit,"
+        " current_setting('random_page_cost') AS random_page_cost"
+    )
     with connection.cursor() as cursor:
-        cursor.execute("SHOW work_mem")
-        default = cursor.fetchone()[0]
-        cursor.execute("SHOW random_page_cost")
-        page_cost = cursor.fetchone()[0]
-    seen: list[tuple[str, str]] = []
-    after: list[str] = []
-    write = passes._write_statements
+        cursor.execute(f"SELECT {settings}")
+        configured = cursor.fetchone()
+        cursor.execute("DROP TABLE IF EXISTS gpuplane_seen")
+        cursor.execute(f"CREATE TEMP TABLE gpuplane_seen AS SELECT 'before' AS at, {settings} LIMIT 0")
+    seen = f"INSERT INTO gpuplane_seen SELECT '%s', {settings}; "
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    if temp_refused:
+        monkeypatch.setattr(passes, "DEVICE_WRITES_TABLE", "DO $$ BEGIN RAISE insufficient_privilege; END $$")
+    # Observed in the same session: at the UPDATE (either form) and right after the writes.
+    monkeypatch.setattr(passes, "DEVICE_UPDATE_FROM_COPY", seen % "update" + passes.DEVICE_UPDATE_FROM_COPY)
+    unnest = passes._update_devices_by_unnest
 
-    def watching(pg: Any, *args: Any) -> None:
-        with pg.cursor() as cursor:
-            cursor.execute("SELECT current_setting('work_mem'), current_setting('jit')")
-            seen.append(cursor.fetchone())
-        write(pg, *args)
-        with pg.cursor() as cursor:  # the usage records' statements plan as always
-            cursor.execute("SELECT current_setting('random_page_cost')")
-            after.append(cursor.fetchone()[0])
+    def observed(binary: Any, changed: Any) -> None:
+        binary.execute(seen % "update")
+        unnest(binary, changed)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(passes, "COPY_DEVICES_FROM", 1)
-        patch.setattr(passes, "_write_statements", watching)
-        load_objects(_cluster(6))
-        assert run_pass(models.PassKind.FULL, ClusterState()).bound == 6
-    assert seen == [(f"{passes.WORK_MEM_MIB[0]}MB", "off")]
-    assert after == [page_cost]
+    monkeypatch.setattr(passes, "_update_devices_by_unnest", observed)
+    monkeypatch.setattr(
+        passes, "LARGE_UPDATE_SETTINGS_RESET", passes.LARGE_UPDATE_SETTINGS_RESET + "; " + seen % "after"
+    )
+    load_objects(_cluster(6))
+    assert run_pass(models.PassKind.FULL, ClusterState()).bound == 6
     with connection.cursor() as cursor:
-        cursor.execute("SHOW work_mem")
-        assert cursor.fetchone()[0] == default
+        cursor.execute("SELECT * FROM gpuplane_seen")
+        rows = cursor.fetchall()
+        cursor.execute(f"SELECT {settings}")
+        assert cursor.fetchone() == configured
+        cursor.execute("DROP TABLE gpuplane_seen")
+    assert rows == [("update", f"{passes.WORK_MEM_MIB[0]}MB", "off", "1.1"), ("after", *configured)]

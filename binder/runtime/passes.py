@@ -58,9 +58,19 @@ DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varc
 PHASE_VALUES = {phase: phase.value for phase in e.Phase}
 #: From this many changed devices a pass writes them through COPY (``_update_devices_by_copy``).
 COPY_DEVICES_FROM = 2000
-#: A large pass's work_mem per changed device (KiB), within these bounds (MiB): see ``_large_write_settings``.
+#: A large pass's work_mem per changed device (KiB), within these bounds (MiB): see ``large_update_settings``.
 WORK_MEM_PER_DEVICE_KIB = 1
 WORK_MEM_MIB = (16, 128)
+#: Back to the configured values after a large pass's device UPDATE (see ``large_update_settings``).
+LARGE_UPDATE_SETTINGS_RESET = (
+    "SET LOCAL work_mem TO DEFAULT; SET LOCAL jit TO DEFAULT; SET LOCAL random_page_cost TO DEFAULT"
+)
+#: A large pass's device UPDATE, from the rows it COPYed (``_copy_device_writes``).
+DEVICE_UPDATE_FROM_COPY = (
+    "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
+    " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"
+    " FROM gpuplane_device_writes AS v WHERE d.id = v.id"
+)
 #: The table of the transaction a large pass COPYs its device writes into.
 DEVICE_WRITES_TABLE = (
     "CREATE TEMP TABLE gpuplane_device_writes (id bigint, phase varchar, node varchar, since timestamptz,"
@@ -363,10 +373,7 @@ def _write_postgresql(
     10k new orders."""
     with connection.cursor() as cursor:
         raw = cursor.cursor  # psycopg's own cursor: COPY
-        large = len(changed) >= COPY_DEVICES_FROM
-        if large:
-            _large_write_settings(raw, len(changed))
-        copied = large and _copy_device_writes(raw, changed)
+        copied = len(changed) >= COPY_DEVICES_FROM and _copy_device_writes(raw, changed)
         statements = functools.partial(_write_statements, raw.connection, run, result, changed, copied)
         if copied:
             _beside(statements, meanwhile)
@@ -386,22 +393,16 @@ def _write_statements(
     budgets, through psycopg only (they may run in a thread of their own: Django's
     connection handle belongs to the pass's thread)."""
     with pg.cursor() as raw, psycopg.Cursor(pg) as binary:
+        large = len(changed) >= COPY_DEVICES_FROM
+        if large:
+            raw.execute(large_update_settings(len(changed)))
         if copied:
-            # Each written row looked up by its key, not the whole table hashed: priced for
-            # disks (random_page_cost 4), 260k key lookups looked dearer than reading all 1M
-            # devices, which took 0.8-1.3 s of the UPDATE's 6.4-7 s against 0.35 s for the
-            # lookups (the rows and their index were just read by the catch-up). For this
-            # statement only: the feed trigger's join inside it has no index to choose.
-            raw.execute("SET LOCAL random_page_cost = 1.1")
-            raw.execute(
-                "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
-                " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"
-                " FROM gpuplane_device_writes AS v WHERE d.id = v.id"
-            )
-            raw.execute("SET LOCAL random_page_cost TO DEFAULT")
+            raw.execute(DEVICE_UPDATE_FROM_COPY)
             raw.execute("DROP TABLE gpuplane_device_writes")
         else:
             _update_devices_by_unnest(binary, changed)
+        if large:
+            raw.execute(LARGE_UPDATE_SETTINGS_RESET)
         if result.changes:
             with raw.copy(
                 "COPY binder_decision (pass_run_id, namespace, vm_name, device_name, from_phase, from_node,"
@@ -467,19 +468,24 @@ def _nothing() -> None:
     """No work beside the writes."""
 
 
-def _large_write_settings(raw: psycopg.Cursor[Any], devices: int) -> None:
-    """Room for a large pass's writes, for the rest of its transaction.
+def large_update_settings(devices: int) -> str:
+    """The planner and executor settings of a large pass's device UPDATE (``SET LOCAL``,
+    undone right after it by :data:`LARGE_UPDATE_SETTINGS_RESET`: the usage records'
+    statements after it keep their own plans).
 
-    The device UPDATE's feed trigger gets every old and new row as transition tables and
-    joins them: at the default 4 MB ``work_mem`` both spilled to temporary files and the
-    join sorted on disk (26k devices: the UPDATE 480-570 ms, 375-440 ms with the room).
-    ``jit`` off: the trigger's row estimates are guesses (3M rows for 26k) and compiling
-    its plan cost more than it saved; the usage records' statements after it are alike.
+    ``work_mem``: the feed trigger gets every old and new row as transition tables and
+    joins them; at the default 4 MB both spilled to temporary files and the join sorted on
+    disk (26k devices: the UPDATE 480-570 ms, 375-440 ms with the room). ``jit`` off: the
+    trigger's row estimates are guesses (3M rows for 26k) and compiling its plan cost more
+    than it saved. ``random_page_cost``: each written row looked up by its key instead of
+    the whole table hashed; priced for disks (4), 260k key lookups looked dearer than
+    reading all 1M devices, which took 0.8-1.3 s of the UPDATE's 6.4-7 s against 0.35 s
+    for the lookups (the catch-up has just read those rows and their index). The
+    trigger's own join has no index to choose, so it is not affected.
     """
     low, high = WORK_MEM_MIB
     mib = min(high, max(low, devices * WORK_MEM_PER_DEVICE_KIB // 1024))
-    raw.execute(f"SET LOCAL work_mem = '{int(mib)}MB'")
-    raw.execute("SET LOCAL jit = off")
+    return f"SET LOCAL work_mem = '{int(mib)}MB'; SET LOCAL jit = off; SET LOCAL random_page_cost = 1.1"
 
 
 def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[int, e.Device]]) -> None:

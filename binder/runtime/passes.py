@@ -56,7 +56,7 @@ DECISION_TYPES = ("int8", "varchar", "varchar", "varchar", "varchar", "varchar",
 DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varchar", "text", "varchar")
 #: A phase's value without the enum's descriptor (26k lookups for 10k new orders).
 PHASE_VALUES = {phase: phase.value for phase in e.Phase}
-#: From this many changed devices a pass writes them through COPY (``_update_devices_by_copy``).
+#: From this many changed devices a pass writes them through COPY (``_copy_device_writes``).
 COPY_DEVICES_FROM = 2000
 #: A large pass's work_mem per changed device (KiB), within these bounds (MiB): see ``large_update_settings``.
 WORK_MEM_PER_DEVICE_KIB = 1

@@ -61,12 +61,17 @@ def instrument() -> None:
     _timed(state.ClusterState, "catch_up", "catch-up (with the checkpoint load)")
     _timed(mirror_state, "fetch_ids", "  catch-up SELECTs (fetch_ids)")
     _timed(feed.FeedCursor, "follow", "  feed read")
+    _timed(state.ClusterState, "record_reader", "  feed reader row")
+    _timed(passes, "_view", "view (the engine's snapshot)")
+    _timed(state.ClusterState, "scope", "  scope (sets to visit, in the engine)")
     _timed(passes, "_decide", "engine")
     _timed(passes, "write_result", "write (devices, decisions, status)")
     _timed(passes, "_write_postgresql", "  device UPDATE + decisions COPY + budgets")
+    _timed(state.ClusterState, "usage_subjects", "  usage subjects (beside the device writes)")
+    _timed(state.ClusterState, "apply_result", "  the result into the state (beside them)")
     _timed(passes, "record_usage", "usage records")
     _timed(state.ClusterState, "prune", "feed prune")
-    _timed(state.ClusterState, "passed", "state.passed (after commit)")
+    _timed(state.ClusterState, "passed", "state.passed (after the commit)")
     _timed(passes, "_after_a_whole_read", "after a whole read")
     del read
 

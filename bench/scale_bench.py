@@ -107,6 +107,7 @@ def phases(on: bool) -> dict[str, float]:
     wrap(passes.ENGINES, models.PassKind.FULL, "engine full_pass")
     wrap(passes, "_write_own", "writes")
     wrap(passes, "record_usage", "usage records")
+    wrap(state.ClusterState, "apply_result", "writes/the result into the state (beside the device writes)")
     wrap(state.ClusterState, "passed", "state.passed")
     wrap(state.ClusterState, "usage_subjects", "usage subjects")
     from usage import records

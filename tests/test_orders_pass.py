@@ -123,3 +123,91 @@ def test_a_pass_writing_many_devices_writes_them_as_a_small_one_does(
     follow = run_pass(models.PassKind.FULL, state)
     assert follow.view in ("incremental", "unchanged") and follow.rows_read == 0
     _same_as_a_rebuild(state)
+
+
+def _pending_rows() -> dict[str, tuple[str, str]]:
+    return {name: (phase, node) for name, phase, node in models.GpuDevice.objects.values_list("name", "phase", "node")}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("side", ["database", "bookkeeping"])
+def test_a_failure_beside_the_large_writes_rolls_the_whole_pass_back(
+    monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    """A large pass's writes run in a thread while the state's bookkeeping runs in the
+    pass's: a failure on either side fails the pass after both ended, nothing is written,
+    the state is dropped, and the next pass places the same orders from a rebuild."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the writes beside the bookkeeping are PostgreSQL's")
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    load_objects(_cluster(6))
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)  # places the six orders: a rebuild
+    models.GpuDevice.objects.exclude(vm_name="old").update(phase="Pending", node="", status_class_name="")
+    before = _pending_rows()
+    ran: list[str] = []
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        ran.append(side)
+        raise RuntimeError(f"{side} failed")
+
+    if side == "database":
+        monkeypatch.setattr(passes, "_write_statements", broken)
+    else:
+        monkeypatch.setattr(ClusterState, "apply_result", broken)
+    with pytest.raises(RuntimeError, match=f"{side} failed"):
+        run_pass(models.PassKind.FULL, state)
+    assert ran == [side]
+    assert _pending_rows() == before
+    assert not state.valid
+    monkeypatch.undo()
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    again = run_pass(models.PassKind.FULL, state)
+    assert again.view == "rebuilt" and again.bound == 6
+    _same_as_a_rebuild(state)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("temp_refused", [False, True])
+def test_a_large_device_update_alone_plans_with_its_own_settings(
+    monkeypatch: pytest.MonkeyPatch, temp_refused: bool
+) -> None:
+    """A large pass's device UPDATE runs with more work_mem, without jit and with random
+    reads priced lower (either way it writes: COPY or one statement); the statements after
+    it, the usage records' among them, plan with the configured values again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's settings")
+    settings = (
+        "current_setting('work_mem') AS work_mem, current_setting('jit') AS jit,"
+        " current_setting('random_page_cost') AS random_page_cost"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {settings}")
+        configured = cursor.fetchone()
+        cursor.execute("DROP TABLE IF EXISTS gpuplane_seen")
+        cursor.execute(f"CREATE TEMP TABLE gpuplane_seen AS SELECT 'before' AS at, {settings} LIMIT 0")
+    seen = f"INSERT INTO gpuplane_seen SELECT '%s', {settings}; "
+    monkeypatch.setattr(passes, "COPY_DEVICES_FROM", 1)
+    if temp_refused:
+        monkeypatch.setattr(passes, "DEVICE_WRITES_TABLE", "DO $$ BEGIN RAISE insufficient_privilege; END $$")
+    # Observed in the same session: at the UPDATE (either form) and right after the writes.
+    monkeypatch.setattr(passes, "DEVICE_UPDATE_FROM_COPY", seen % "update" + passes.DEVICE_UPDATE_FROM_COPY)
+    unnest = passes._update_devices_by_unnest
+
+    def observed(binary: Any, changed: Any) -> None:
+        binary.execute(seen % "update")
+        unnest(binary, changed)
+
+    monkeypatch.setattr(passes, "_update_devices_by_unnest", observed)
+    monkeypatch.setattr(
+        passes, "LARGE_UPDATE_SETTINGS_RESET", passes.LARGE_UPDATE_SETTINGS_RESET + "; " + seen % "after"
+    )
+    load_objects(_cluster(6))
+    assert run_pass(models.PassKind.FULL, ClusterState()).bound == 6
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM gpuplane_seen")
+        rows = cursor.fetchall()
+        cursor.execute(f"SELECT {settings}")
+        assert cursor.fetchone() == configured
+        cursor.execute("DROP TABLE gpuplane_seen")
+    assert rows == [("update", f"{passes.WORK_MEM_MIB[0]}MB", "off", "1.1"), ("after", *configured)]

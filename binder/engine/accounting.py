@@ -399,6 +399,12 @@ class Ledger:
         """Make ``devices`` the current state of set ``key``."""
         namespace = key[0]
         old = self._contrib.get(key)
+        if old is None and key not in self.launcher_pods and all(d.phase is Phase.PENDING for d in devices):
+            # A new order (a catch-up after 10k of them commits 10k): it books and uses
+            # nothing, so only its devices are kept, as ``_add_all`` keeps them.
+            self._contrib[key] = ((), ())
+            self._devices[key] = devices
+            return
         booked, used = self._sums(key, devices)
         before = {}
         if self._indexed:

@@ -195,7 +195,9 @@ class PassState:
         # simply adds its units, and free units must cover them.
         special = {d.node for d in self.members(key) if d.phase is Phase.BOUND}
         special |= {p.node for p, _ in self.ledger.launcher_pods.get(key, ())}
-        prefer = prefer or Counter()
+        # Units held per node, 0 where none: a Counter's own lookup of a missing name is a
+        # Python call (``__missing__``), once for every node considered.
+        held = prefer.get if prefer else None
         eligible = self.eligible_nodes(moving)
         best: tuple[int, int, str] | None = None
 
@@ -203,7 +205,7 @@ class PassState:
             nonlocal best
             if left is None:
                 return
-            rank = (-prefer[name], left, name)
+            rank = (-held(name, 0) if held is not None else 0, left, name)
             if best is None or rank < best:
                 best = rank
 

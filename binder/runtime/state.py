@@ -313,19 +313,10 @@ class ClusterState(MirrorState):
 
     # -- after the pass ----------------------------------------------------------------------
 
-    def passed(
-        self,
-        run: models.PassRun,
-        kind: str,
-        now: datetime,
-        settings: e.Settings,
-        result: PassResult,
-        ledger_used: bool,
-        own_writes: OwnWrites | None = None,
-    ) -> None:
-        """The pass committed: its own writes become part of the state (so the next
-        catch-up may skip their feed entries, ``own_writes``)."""
-        self.own_writes = own_writes
+    def apply_result(self, result: PassResult, ledger_used: bool) -> None:
+        """The pass's devices become the state's, in its transaction before the commit
+        (while the database writes them): a pass that fails afterwards drops the whole
+        state (``run_pass``), so nothing applied here outlives a rollback."""
         # When the engine ran on this state's ledger it already moved the sets there;
         # otherwise the ledger (if built) is moved set by set.
         sets: set[SetKey] = set()
@@ -340,6 +331,18 @@ class ClusterState(MirrorState):
         self._sets_changed(sorted(sets), ledger=not ledger_used)
         if result.devices:
             self._tuples.pop("GPU", None)
+
+    def passed(
+        self,
+        kind: str,
+        now: datetime,
+        settings: e.Settings,
+        result: PassResult,
+        own_writes: OwnWrites | None = None,
+    ) -> None:
+        """The pass committed (its devices are the state's already, :meth:`apply_result`):
+        the next catch-up may skip its own writes' feed entries (``own_writes``)."""
+        self.own_writes = own_writes
         if kind == models.PassKind.FULL:
             self.last_full = (now, settings, result)
             classes, budgets = self.status_written or ({}, {})
@@ -369,7 +372,7 @@ class ClusterState(MirrorState):
         self.record_reader()
 
     def usage_subjects(self, catch: Catchup, result: PassResult) -> Subjects:
-        """The usage-record subjects this pass must reconcile, before :meth:`passed`:
+        """The usage-record subjects this pass must reconcile, before :meth:`apply_result`:
         devices the pass wrote or the feed changed, pods the feed changed, and the pods of
         every set whose devices or VMI changed (a launcher's raw usage is its requests minus
         what its set holds). A rebuilt state, or a class change, reconciles everything."""

@@ -63,6 +63,11 @@ def _answer(namespace: str, names: list[str], request: str, answer: str) -> None
     )
 
 
+def answer_columns(row: binding.Row) -> tuple[str, str, str, str]:
+    """A device row's answer columns: (vm_name, bind_request, answered_request, answer)."""
+    return (row.vm_name, row.bind_request, row.answered_request, row.answer)
+
+
 def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_its_own() -> None:
     _cluster()
     _answer("t0", ["vm0-gpu0", "vm0-gpu1"], "r0", "bound: n1")
@@ -71,12 +76,12 @@ def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_i
     with reads.waiting("t0", ("vm0-gpu0", "vm0-gpu1")), reads.waiting("t1", ("vm1-gpu0", "vm1-gpu1")):
         rows = binding._read_rows(reads._waiting.values())
         assert set(rows) == {("t0", "vm0-gpu0"), ("t0", "vm0-gpu1"), ("t1", "vm1-gpu0"), ("t1", "vm1-gpu1")}
-        assert rows[("t0", "vm0-gpu0")][:4] == ("vm0", "r0", "r0", "bound: n1")
-        assert rows[("t1", "vm1-gpu1")][:4] == ("vm1", "", "", "")
+        assert answer_columns(rows[("t0", "vm0-gpu0")]) == ("vm0", "r0", "r0", "bound: n1")
+        assert answer_columns(rows[("t1", "vm1-gpu1")]) == ("vm1", "", "", "")
         # Each row whole, as the mirror converts it (the patch is built from it).
-        assert rows[("t0", "vm0-gpu0")][4] == scratch_device("t0", "vm0-gpu0")
+        assert rows[("t0", "vm0-gpu0")] == scratch_device("t0", "vm0-gpu0")
         mine = reads.rows("t1", ("vm1-gpu0", "vm1-gpu1"))
-    assert {name: row[:4] for name, row in mine.items()} == {
+    assert {name: answer_columns(row) for name, row in mine.items()} == {
         "vm1-gpu0": ("vm1", "r1", "r1", "bound: n1"),
         "vm1-gpu1": ("vm1", "", "", ""),
     }
@@ -88,9 +93,9 @@ def test_a_read_a_call_asks_for_holds_what_was_committed_before_it_asked() -> No
     _cluster()
     reads = binding.AnswerReads()
     names = ("vm2-gpu0", "vm2-gpu1")
-    assert {row[2] for row in reads.rows("t2", names).values()} == {""}
+    assert {row.answered_request for row in reads.rows("t2", names).values()} == {""}
     _answer("t2", list(names), "r2", "bound: n1")
-    assert {row[2] for row in reads.rows("t2", names).values()} == {"r2"}
+    assert {row.answered_request for row in reads.rows("t2", names).values()} == {"r2"}
 
 
 def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +128,7 @@ def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monk
         results = [f.result(timeout=30) for f in futures]
     for i, rows in enumerate(results):
         k = i % 6
-        assert {name: row[:4] for name, row in rows.items()} == {
+        assert {name: answer_columns(row) for name, row in rows.items()} == {
             f"vm{k}-gpu{j}": (f"vm{k}", f"r{k}", f"r{k}", f"bound: n{k}") for j in range(2)
         }
     assert len(statements) < calls
@@ -212,12 +217,12 @@ def test_a_call_never_takes_a_read_that_began_before_it_was_registered() -> None
             connection.close()
 
     with reads.waiting("t0", names):
-        assert {row[2] for row in reads.rows("t0", names).values()} == {""}
+        assert {row.answered_request for row in reads.rows("t0", names).values()} == {""}
         _answer("t0", list(names), "r3", "bound: n1")
         thread = threading.Thread(target=second_call)
         thread.start()
         thread.join(timeout=30)
-    assert [{row[2] for row in rows.values()} for rows in seen] == [{"r3"}]
+    assert [{row.answered_request for row in rows.values()} for rows in seen] == [{"r3"}]
 
 
 def test_an_answered_call_builds_its_patch_from_the_answer_read_not_a_second_follow(

@@ -449,9 +449,10 @@ def database_unavailable(review: Review, exc: BaseException) -> Verdict:
     return admission.database_unavailable(review)
 
 
-#: One device's answer columns: (vm_name, bind_request, answered_request, answer), then its
-#: whole row as an engine record (:func:`answered_view` builds the patch from it).
-Row = tuple[str, str, str, str, Device]
+#: One device's row as an engine record: its answer columns (``vm_name``, ``bind_request``,
+#: ``answered_request``, ``answer``), and the whole record :func:`answered_view` builds the
+#: patch from.
+Row = Device
 
 
 class AnswerReads:
@@ -567,8 +568,7 @@ def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str,
     for namespace, name, *values in (
         model.objects.filter(which).order_by().values_list("namespace__name", "name", *fields)
     ):
-        device = convert(namespace, name, *values)
-        found[(namespace, name)] = (device.vm_name, device.bind_request, device.answered_request, device.answer, device)
+        found[(namespace, name)] = convert(namespace, name, *values)
     return found
 
 
@@ -593,20 +593,16 @@ def answers_of(
     the listener's count when it woke this call).
     """
     found = ANSWER_READS.rows(review.namespace, names, woken)
-    rows = {
-        name: (request, answered, answer, record)
-        for name, (vm, request, answered, answer, record) in found.items()
-        if vm == review.name
-    }
+    rows = {name: device for name, device in found.items() if device.vm_name == review.name}
     gone = sorted(set(names) - set(rows))
     if gone:
         # Deleted, or moved to another VM (spec.vmName edited) while this call waited.
         return admission.device_gone(review, gone[0])
-    if all(answered == request_id for _, answered, _, _ in rows.values()):
-        done = Answers({name: answer for name, (_, _, answer, _) in rows.items()})
-        done.rows = tuple(record for _, _, _, record in rows.values())
+    if all(device.answered_request == request_id for device in rows.values()):
+        done = Answers({name: device.answer for name, device in rows.items()})
+        done.rows = tuple(rows.values())
         return done
-    latest = {request for request, _, _, _ in rows.values()}
+    latest = {device.bind_request for device in rows.values()}
     if len(latest) == 1 and request_id not in latest and "" not in latest:
         # Superseded on every device: the newer request's answer answers this call too.
         return latest.pop()

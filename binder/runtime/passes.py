@@ -65,12 +65,13 @@ WORK_MEM_MIB = (16, 128)
 LARGE_UPDATE_SETTINGS_RESET = (
     "SET LOCAL work_mem TO DEFAULT; SET LOCAL jit TO DEFAULT; SET LOCAL random_page_cost TO DEFAULT"
 )
-#: A large pass's device UPDATE, from the rows it COPYed (``_copy_device_writes``).
-DEVICE_UPDATE_FROM_COPY = (
+#: The device UPDATE of a pass, from a source ``v`` of the written fields (``FROM`` follows).
+DEVICE_UPDATE = (
     "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
-    " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"
-    " FROM gpuplane_device_writes AS v WHERE d.id = v.id"
+    " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as FROM "
 )
+#: A large pass's device UPDATE, from the rows it COPYed (``_copy_device_writes``).
+DEVICE_UPDATE_FROM_COPY = DEVICE_UPDATE + "gpuplane_device_writes AS v WHERE d.id = v.id"
 #: The table of the transaction a large pass COPYs its device writes into.
 DEVICE_WRITES_TABLE = (
     "CREATE TEMP TABLE gpuplane_device_writes (id bigint, phase varchar, node varchar, since timestamptz,"
@@ -493,9 +494,7 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
     if not changed:
         return
     binary.execute(
-        "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
-        " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as"
-        " FROM unnest(%b::bigint[], %b::varchar[], %b::varchar[], %b::timestamptz[], %b::text[],"
+        DEVICE_UPDATE + "unnest(%b::bigint[], %b::varchar[], %b::varchar[], %b::timestamptz[], %b::text[],"
         " %b::varchar[], %b::text[], %b::varchar[])"
         " AS v(id, phase, node, since, reason, answered_request, answer, held_as)"
         " WHERE d.id = v.id",

@@ -165,9 +165,9 @@ def open_record_rows() -> tuple[list[RecordRow], Callable[[Holding], Hashable]]:
     On PostgreSQL the key is the holding's identity as one text, built by the database
     (:data:`IDENTITY_TEXT_SQL`), read 50,000 rows at a time from a server-side cursor: a
     full reconciliation at 1M devices reads a million records, and ten fresh strings a
-    row, read and hashed, were most of what it cost (4.4 s of it; 2 s less this way). Elsewhere the key is the
-    identity itself. No start: only the few records left over need it
-    (:func:`open_records_by_id`).
+    row, read and hashed, were most of what it cost (4.4 s of it; 2 s less this way).
+    Elsewhere the key is the identity itself. No start: only the few records left over
+    need it (:func:`open_records_by_id`).
     """
     if connection.vendor != "postgresql":
         rows = UsageRecord.objects.open().order_by().values_list("id", *HOLDING_COLUMNS)

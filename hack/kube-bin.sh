@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test control plane's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler) from the Go module in hack/kube, pinned by its committed go.sum, into a
+# kube-scheduler, kubectl) from the Go module in hack/kube, pinned by its committed go.sum, into a
 # cache outside the repository keyed by go.sum's hash. Does nothing when they are there.
 #
 #   hack/kube-bin.sh          build if missing; print the directory holding the binaries
@@ -13,7 +13,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 module="$here/kube"
 KUBE_VERSION="v1.37.2"
-TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 key="$(sha256sum "$module/go.sum" | cut -c1-16)"
 cache="${GPUPLANE_KUBE_CACHE:-$HOME/.cache/gpuplane/kube-bin}/$key"
@@ -69,6 +69,7 @@ go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kubectl \
   ./cmd/etcd
 mkdir -p "${cache%/*}"
 rm -rf "$cache"

@@ -208,9 +208,7 @@ def make_pki(directory: Path, serving_names: tuple[str, ...]) -> Pki:
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             # Python's strict X.509 checks (3.13) want both key identifiers.
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
         crt, key_file = Pki(directory).serving(name)
@@ -549,24 +547,46 @@ class ControlPlane:
 
     def seed(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:
         """Create each object, then write its status through ``/status``, the way real
-        objects get theirs (kubelet, KubeVirt, gpuplane); returns them as stored."""
+        objects get theirs (kubelet, KubeVirt, gpuplane); returns them as stored.
+
+        What the server decides for itself is realised rather than sent: it refuses a
+        ``resourceVersion`` on create and replaces ``uid`` and ``creationTimestamp``. So a
+        uid the test gave is swapped for the server's wherever later objects name it (owner
+        references, KubeVirt's labels, a VMI's ``activePods``: statuses are written after
+        every object exists), and GPUs the test dated later are created in a later second
+        (the server's timestamps have second resolution), so "oldest order first" sees the
+        order the test meant.
+        """
         from binder.kube.client import RESOURCES
 
-        stored = []
+        uids: dict[str, str] = {}
+        created_objects: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        last_given = ""
+        last_second = 0
         for obj in objects:
             resource = RESOURCES[obj["kind"]]
             namespace = obj["metadata"].get("namespace")
+            given = str(obj["metadata"].get("creationTimestamp") or "")
+            if obj["kind"] == "GPU" and last_given and given > last_given:
+                while int(time.time()) <= last_second:
+                    time.sleep(0.02)
             body = {k: v for k, v in obj.items() if k != "status"}
-            # The server sets these itself (a resourceVersion in a create is refused; a uid or a
-            # creationTimestamp is replaced: tests order objects by creation, not by these).
             body["metadata"] = {k: v for k, v in obj["metadata"].items() if k not in SERVER_SET}
-            created = self.request("POST", resource.path(namespace), body)
+            created = self.request("POST", resource.path(namespace), _swap(body, uids))
+            if obj["kind"] == "GPU":
+                last_given, last_second = given, int(time.time())
+            if obj["metadata"].get("uid"):
+                uids[str(obj["metadata"]["uid"])] = created["metadata"]["uid"]
+            created_objects.append((obj, created))
+        stored = []
+        for obj, created in created_objects:
             status = dict(obj.get("status") or {})
             if obj["kind"] == "Pod":
                 status.pop("qosClass", None)  # computed by the server from the containers, immutable
             if status:
-                path = resource.path(namespace, created["metadata"]["name"], "status")
-                created = self.request("PATCH", path, {"status": status})
+                resource = RESOURCES[obj["kind"]]
+                path = resource.path(obj["metadata"].get("namespace"), created["metadata"]["name"], "status")
+                created = self.request("PATCH", path, {"status": _swap(status, uids)})
             stored.append(created)
         return stored
 
@@ -726,10 +746,31 @@ class ControlPlane:
         self.stop()
 
 
+def _swap(value: Any, uids: dict[str, str]) -> Any:
+    """``value`` with every uid the test gave replaced by the one the server assigned."""
+    if not uids:
+        return value
+    text = json.dumps(value)
+    for given, assigned in uids.items():
+        text = text.replace(given, assigned)
+    return json.loads(text)
+
+
+RULE_KEYS = ("pattern", "x-kubernetes-validations", "maxLength", "maxItems", "minLength", "minItems", "required")
+
+
 def _strip_rules(node: Any) -> Any:
     """A schema without its value rules (types and structure kept: it stays structural)."""
     if isinstance(node, dict):
-        for key in ("pattern", "x-kubernetes-validations", "maxLength", "maxItems", "minLength", "minItems", "required"):
+        for key in (
+            "pattern",
+            "x-kubernetes-validations",
+            "maxLength",
+            "maxItems",
+            "minLength",
+            "minItems",
+            "required",
+        ):
             node.pop(key, None)
         if node.get("x-kubernetes-list-type") == "set":
             node["x-kubernetes-list-type"] = "atomic"

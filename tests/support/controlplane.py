@@ -153,6 +153,34 @@ class Pki:
     def serving(self, name: str) -> tuple[Path, Path]:
         return self.dir / f"{name}.crt", self.dir / f"{name}.key"
 
+    def client(self, name: str) -> tuple[Path, Path]:
+        """A client certificate (CN ``name``) signed by the CA, made on first use."""
+        crt, key_file = self.dir / f"client-{name}.crt", self.dir / f"client-{name}.key"
+        if not crt.exists():
+            ca_key = serialization.load_pem_private_key((self.dir / "ca.key").read_bytes(), password=None)
+            ca = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
+            key = ec.generate_private_key(ec.SECP256R1())
+            now = dt.datetime.now(dt.UTC)
+            cert = (
+                x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                .issuer_name(ca.subject)
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=2))
+                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .add_extension(
+                    x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
+                    critical=False,
+                )
+                .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+            )
+            crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+            key_file.write_bytes(_key_pem(key))
+        return crt, key_file
+
 
 def _key_pem(key: Any) -> bytes:
     return bytes(
@@ -305,6 +333,8 @@ class ControlPlane:
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="gpuplane-kube-", dir=base))
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        #: The port a test serves a webhook on to be called with the apiserver's client certificate.
+        self.webhook_cert_port = free_port()
         self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self.tokens: dict[str, str] = {}
         self.processes: dict[str, Process] = {}
@@ -322,6 +352,7 @@ class ControlPlane:
         self.pki = make_pki(self.dir / "pki", ("apiserver", "webhook"))
         self._write_tokens()
         (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        self._write_admission_config()
         self.audit_log = self.dir / "audit.log"
         self.processes["etcd"] = Process(
             "etcd",
@@ -352,6 +383,7 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount",
                 f"--audit-policy-file={self.dir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-mode=blocking", "--audit-log-maxsize=0",
+                f"--admission-control-config-file={self.dir / 'admission.yaml'}",
             ],
             self.dir / "kube-apiserver.log",
         )  # fmt: skip
@@ -396,7 +428,44 @@ class ControlPlane:
             )
         add(UNION_USER, UNION_USER, [])
         (self.dir / "tokens.csv").write_text("\n".join(rows) + "\n")
+        # What the apiserver presents when it calls an admission webhook (docs/webhook.md, "Who
+        # may call"): a client certificate for one port on localhost, this bearer token elsewhere.
+        self.webhook_token = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
+        (self.dir / "webhook-token").write_text(self.webhook_token + "\n")
         (self.dir / "tokens.csv").chmod(0o600)
+
+    def _write_admission_config(self) -> None:
+        """The AdmissionConfiguration docs/webhook.md tells operators to give the apiserver:
+        a kubeconfig saying how it authenticates to webhooks, by the webhook's host."""
+        crt, key = self.pki.client("apiserver-webhook-client")
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            # Users are matched by the webhook's host:port, then "*": the client certificate
+            # for a webhook on localhost:<webhook_cert_port>, the token for every other.
+            "users": [
+                {"name": "*", "user": {"token": self.webhook_token}},
+                {
+                    "name": f"localhost:{self.webhook_cert_port}",
+                    "user": {"client-certificate": str(crt), "client-key": str(key)},
+                },
+            ],
+        }
+        (self.dir / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig))
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(self.dir / "webhook-kubeconfig.yaml"),
+        }
+        admission = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [
+                {"name": "MutatingAdmissionWebhook", "configuration": plugin},
+                {"name": "ValidatingAdmissionWebhook", "configuration": plugin},
+            ],
+        }
+        (self.dir / "admission.yaml").write_text(yaml.safe_dump(admission))
 
     def user(self, identity: str) -> str:
         """The user name a deploy/ identity (``gpuplane-sync``...) authenticates as."""

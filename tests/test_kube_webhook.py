@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,3 +163,54 @@ def test_with_the_webhook_down_failure_policy_fail_refuses_the_create(apiserver:
         assert time.monotonic() < deadline, "the configuration was never picked up"
         time.sleep(0.2)
     assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []
+
+
+@pytest.mark.slow
+def test_a_vmi_naming_a_pending_set_is_admitted_through_the_real_chain(
+    apiserver: ControlPlane, webhook: str, start_worker: Any, tmp_path: Path
+) -> None:
+    """Every process as deployed, each as its own identity: the sync (``manage.py
+    sync_cluster``), the binder (a `celery worker`) and the webhook server. The webhook writes
+    the bind request, the worker's answer pass binds the set and writes the answer through
+    ``/status``, and the apiserver stores the VMI pinned, within the webhook's 10 s timeout."""
+    bound_cluster(apiserver)
+    apiserver.seed(gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync_env = {
+        **os.environ,
+        "DATABASE_URL": workers.database_url(),
+        "CELERY_BROKER_URL": workers.REDIS_URL,
+        "GPUPLANE_BROKER_KEY_PREFIX": workers.PREFIX,
+        "GPUPLANE_VAR_DIR": str(tmp_path),
+        "GPUPLANE_CLUSTER": "kubernetes",
+        # Events queue no full pass here: the order must still be Pending when its VMI starts.
+        "GPUPLANE_AUTO_PASS": "false",
+        "KUBECONFIG": str(apiserver.kubeconfig("gpuplane-sync")),
+    }
+    sync_env.pop("GPUPLANE_KUBE_HOST", None)
+    log = (tmp_path / "sync.log").open("w")
+    syncing = subprocess.Popen(
+        [sys.executable, "manage.py", "sync_cluster", "--no-progress"],
+        cwd=workers.ROOT, env=sync_env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        start_worker("binder", GPUPLANE_CLUSTER="kubernetes", KUBECONFIG=str(apiserver.kubeconfig("gpuplane-binder")))
+        register(apiserver, webhook)
+        wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+        started = time.monotonic()
+        stored = create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+        seconds = time.monotonic() - started
+        assert stored["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "hgx-01"
+        assert seconds < 10, seconds
+        gpu = apiserver.request("GET", "/apis/gpuplane.io/v1alpha1/namespaces/t1/gpus/vm2-gpu0")
+        request_id = gpu["metadata"]["annotations"]["gpuplane.io/bind-request"]
+        assert gpu["status"]["answeredRequest"] == request_id and gpu["status"]["phase"] == "Bound"
+        refused = [c for c in apiserver.calls() if c.code == 403]
+        assert not refused, refused
+    finally:
+        syncing.terminate()
+        try:
+            syncing.wait(10)
+        except subprocess.TimeoutExpired:
+            syncing.kill()
+            syncing.wait(10)
+        log.close()

@@ -184,7 +184,12 @@ def test_every_manage_py_line_shown_runs_as_written_with_the_system_python_first
     system's (no Django): each command shown that way starts (its ``--help``) and is the
     project's, from its venv."""
     shown = sorted(
-        {m for page in PAGES for line in code_lines(page.read_text()) for m in re.findall(r"\./manage\.py\s+([a-z_]+)", line)}
+        {
+            m
+            for page in PAGES
+            for line in code_lines(page.read_text())
+            for m in re.findall(r"\./manage\.py\s+([a-z_]+)", line)
+        }
     )
     assert shown, "the docs show no ./manage.py command any more: drop this test"
     bin_dir = tmp_path / "bin"
@@ -193,7 +198,7 @@ def test_every_manage_py_line_shown_runs_as_written_with_the_system_python_first
     assert subprocess.run([system_python, "-c", "import django"], capture_output=True, check=False).returncode
     (bin_dir / "python3").symlink_to(system_python)
     for name in shown:
-        done = subprocess.run(  # noqa: S603 - the project's own entry point
+        done = subprocess.run(
             [str(ROOT / "manage.py"), name, "--help"],
             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"},
             capture_output=True,

@@ -20,7 +20,7 @@ def run_prereqs(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedP
         found = shutil.which(tool)
         assert found, tool
         (bin_dir / tool).symlink_to(found)
-    return subprocess.run(  # noqa: S603 - our own script
+    return subprocess.run(
         [str(bin_dir / "bash"), str(SCRIPT), *args],
         env={"PATH": str(bin_dir), **env},
         capture_output=True,
@@ -52,8 +52,8 @@ def test_present_chromium_passes_quietly(tmp_path: Path) -> None:
 def test_make_test_checks_the_prerequisites_before_building_or_running_anything() -> None:
     """The check comes first: before the venv is made (a minute on a fresh machine) and the suite."""
     for target, check in (("test", "hack/prereqs.sh"), ("test-postgres", "hack/prereqs.sh postgres")):
-        plan = subprocess.run(  # noqa: S603
-            ["make", "-n", "-B", target, "PYTHON=python3"],  # noqa: S607 - make from the PATH
+        plan = subprocess.run(
+            ["make", "-n", "-B", target, "PYTHON=python3"],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -50,3 +50,26 @@ def test_a_lost_devices_page_leads_with_its_status_and_the_node_it_was_lost_from
     expect(page.locator("#device-raw-form")).not_to_have_attribute("open", "")
     expect(page.locator("#device-raw-form input[name=_save]")).not_to_be_visible()
     expect(page.locator("a.deletelink")).not_to_be_visible()
+
+
+def test_a_lost_set_comes_back_from_its_would_fit_line_and_the_message_says_where(
+    demo: None, browser: Browser, live_server: Any
+) -> None:
+    """Standalone mode: the Lost sets view links "bring it back to Ready" to the node's
+    Mark Ready action; its preview, one confirmation, and the message names the set Bound."""
+    page = new_page(browser, viewport={"width": 1440, "height": 900})
+    login(page, live_server, reverse("admin:binder_lostset_changelist"))
+    row = page.locator('#lost-sets tr[data-set="team-nlp/llm-train-a"]')
+    link = row.locator('a.fit-action[data-node="hgx-h100-05"][data-action="ready"]')
+    expect(link).to_have_text("Mark Ready hgx-h100-05…")
+    link.click()
+    expect(page.locator("h1")).to_have_text("Mark Ready hgx-h100-05?")
+    page.click("#confirm-node-action")
+    expect(page.locator("ul.messagelist")).to_contain_text("team-nlp/llm-train-a Bound on hgx-h100-05")
+    expect(page.locator("ul.messagelist")).to_contain_text("Full pass #")
+    page.screenshot(path=artifacts_dir() / "node-marked-ready.png", full_page=True)
+    # The node page now offers the opposite, and nothing is Lost.
+    expect(page.locator('#node-actions a.node-action[data-action="not-ready"]')).to_have_text("Mark NotReady…")
+    assert orm(lambda: set(models.GpuDevice.objects.filter(vm_name="llm-train-a").values_list("phase", "node"))) == {
+        ("Bound", "hgx-h100-05")
+    }

@@ -64,7 +64,9 @@ def test_a_record_another_worker_opened_closes_when_its_subject_is_gone(
     clock: Clock, arrives: list[dict[str, Any]], leaves: Callable[[], None]
 ) -> None:
     first, second = ClusterState(), ClusterState()
-    load_objects([namespace_obj("team-a"), namespace_obj("team-b"), class_obj("h100", H100), node_obj("node-1", {H100: 4})])
+    load_objects(
+        [namespace_obj("team-a"), namespace_obj("team-b"), class_obj("h100", H100), node_obj("node-1", {H100: 4})]
+    )
     full_pass(first)  # the first worker's last pass: the object does not exist yet
     clock.advance(seconds=300)
     load_objects(arrives)
@@ -112,7 +114,9 @@ def test_one_worker_alone_does_not_reconcile_every_record_for_a_pod_that_came_an
     """The full reconciliation is only for what other passes may have recorded: a worker
     whose own last full pass is the latest reconciles just what changed."""
     worker = ClusterState()
-    load_objects([namespace_obj("team-b"), node_obj("node-1", {H100: 4}), plain_pod_obj("team-b", "kept", H100, 1, "node-1")])
+    load_objects(
+        [namespace_obj("team-b"), node_obj("node-1", {H100: 4}), plain_pod_obj("team-b", "kept", H100, 1, "node-1")]
+    )
     full_pass(worker)
     load_objects([plain_pod_obj("team-b", "brief", H100, 1, "node-1")])
     models.Pod.objects.filter(name="brief").delete()

@@ -73,3 +73,23 @@ def test_a_lost_set_comes_back_from_its_would_fit_line_and_the_message_says_wher
     assert orm(lambda: set(models.GpuDevice.objects.filter(vm_name="llm-train-a").values_list("phase", "node"))) == {
         ("Bound", "hgx-h100-05")
     }
+
+
+def test_the_board_strikes_through_only_deleted_nodes_shows_taints_and_links_pending_sets(
+    demo: None, browser: Browser, live_server: Any
+) -> None:
+    taint = {"key": "nvidia.com/maintenance", "value": "firmware", "effect": "NoSchedule"}
+    orm(lambda: models.Node.objects.filter(name="gpu-a10-02").update(taints=[taint]))
+    page = new_page(browser, viewport={"width": 1440, "height": 900})
+    login(page, live_server, reverse("admin:placement-board"))
+    notready = page.locator('#gp-board tr[data-node="hgx-h100-05"] th')
+    expect(notready).to_be_visible()
+    assert notready.evaluate("e => getComputedStyle(e).textDecorationLine") == "none"
+    assert notready.locator("a").evaluate("e => getComputedStyle(e).textDecorationLine") != "line-through"
+    state = page.locator('#gp-board tr[data-node="gpu-a10-02"] td').first
+    expect(state.locator(".badge.taint")).to_have_text("taint nvidia.com/maintenance=firmware:NoSchedule")
+    pending = page.locator("#gp-pending tr.pending-set").first
+    name = pending.get_attribute("data-set") or ""
+    namespace, vm = name.split("/")
+    pending.locator("th a.set-link").click()
+    expect(page.locator("h1")).to_contain_text(f"Decision log of set {namespace}/{vm}")

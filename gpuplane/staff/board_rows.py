@@ -379,8 +379,10 @@ def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:
         markers.append(("overbooked", "over-booked"))
     if node is not None:
         # Last, and no problem by itself: a taint keeps out only the classes that do not
-        # tolerate it (the strips say which resources take nothing new).
-        markers += [("taint", f"taint {taint}") for taint in node.taints]
+        # tolerate it (the strips say which resources take nothing new). Those under
+        # node.kubernetes.io/ say what NotReady and cordoned already say, and the binder
+        # leaves them to those rules.
+        markers += [("taint", f"taint {t}") for t in node.taints if not t.key.startswith(e.NODE_LIFECYCLE_TAINT_PREFIX)]
     return markers
 
 

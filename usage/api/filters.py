@@ -64,14 +64,14 @@ class StrictBooleanFilter(filters.BooleanFilter):
         super().__init__(*args, **kwargs)
 
 
-class AnyCaseChoiceField(FilterChoiceField):  # type: ignore[misc] # django-filter ships no types
+class AnyCaseChoiceField(FilterChoiceField):
     """A choice matched whatever its case (``phase=bound`` is ``Bound``); a wrong one is
     told the choices."""
 
     def to_python(self, value: Any) -> str:
         text = super().to_python(value)
         by_lower = {str(choice).lower(): str(choice) for choice, _ in self.choices if choice != ""}
-        return by_lower.get(text.lower(), text)
+        return str(by_lower.get(text.lower(), text))
 
     def validate(self, value: Any) -> None:
         if value in self.empty_values:

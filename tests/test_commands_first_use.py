@@ -30,9 +30,12 @@ def snapshot(tmp_path: Path, name: str = "cluster.yaml") -> Path:
     )
 
 
-def test_load_snapshot_on_a_database_never_migrated_says_run_migrate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["load_snapshot", "cluster.yaml"], ["run_pass"], ["dump_state", "--json"]])
+def test_a_command_on_a_database_never_migrated_says_run_migrate(tmp_path: Path, command: list[str]) -> None:
+    snapshot(tmp_path)
     done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "load_snapshot", str(snapshot(tmp_path))],
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}"},
         capture_output=True,
         text=True,

@@ -29,7 +29,7 @@ from binder.runtime.passes import run_pass
 from tests import workers
 from tests.factories import new_vmi
 from tests.manifests import overlay
-from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
 from tests.support.controlplane import ApiError, ControlPlane
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
@@ -214,3 +214,37 @@ def test_a_vmi_naming_a_pending_set_is_admitted_through_the_real_chain(
             syncing.kill()
             syncing.wait(10)
         log.close()
+
+
+def test_an_order_over_budget_is_refused_naming_the_key(apiserver: ControlPlane, webhook: str) -> None:
+    bound_cluster(apiserver)
+    apiserver.seed(budget_obj("t1", {"h100": 2}), gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync.sync_once()
+    register(apiserver, webhook)
+    wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+    with pytest.raises(ApiError) as refused:
+        create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+    assert 'admission webhook "vmi.gpuplane.io" denied the request' in refused.value.message
+    assert "h100" in refused.value.message and "budget" in refused.value.message
+    assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []
+
+
+def test_a_shorter_timeout_is_kept_with_a_clear_try_again(apiserver: ControlPlane, webhook: str) -> None:
+    """A Pending set with no binder to answer, and a registration whose timeoutSeconds (1 s)
+    is shorter than GPUPLANE_BIND_WAIT_SECONDS (2 s here): the webhook reads the apiserver's
+    own deadline (the ``timeout`` of the call) and answers before it with a clear "try again",
+    instead of the user meeting the apiserver's bare timeout error. Nothing is stored."""
+    bound_cluster(apiserver)
+    apiserver.seed(gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync.sync_once()
+    config = register(apiserver, webhook)
+    config["webhooks"][0]["timeoutSeconds"] = 1
+    apiserver.apply({k: v for k, v in config.items() if k not in ("status",)} | {"metadata": {"name": "gpuplane-vmi"}})
+    wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+    started = time.monotonic()
+    with pytest.raises(ApiError) as refused:
+        create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+    assert time.monotonic() - started < 5
+    assert 'admission webhook "vmi.gpuplane.io" denied the request' in refused.value.message
+    assert "try again" in refused.value.message
+    assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []

@@ -26,7 +26,7 @@ from binder.engine.choices import (
     placed_as,
     spec_class,
 )
-from binder.engine.choosing import ChoosingPass
+from binder.engine.lending import LendingPass
 from binder.engine.fit import (
     EligibleKey,
     NodeCache,
@@ -120,6 +120,7 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     it needs). ``cache`` as for :func:`full_pass`.
     """
     run = _Pass(cluster, ledger, cache)
+    run.whole_view = False
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -138,7 +139,7 @@ def try_order(cluster: Cluster, key: SetKey, ledger: Ledger | None = None) -> tu
     return run.members(key)
 
 
-class _Pass(ChoosingPass):
+class _Pass(LendingPass):
     """One pass: the steps, in order, over the working state."""
 
     # -- step 1: restore sets ------------------------------------------------------------
@@ -320,7 +321,11 @@ class _Pass(ChoosingPass):
         """Put the held members of ``key`` on the best node, or send them all to Lost.
 
         A set with alternatives tries its choices in order (keeping its class when a
-        launcher holds it): the first one with room wins."""
+        launcher holds it): the first one with room wins. A borrowed set is never Lost
+        (:meth:`move_borrowed`)."""
+        if self.lending and any(d.borrowed for d in held):
+            self.move_borrowed(key, held, placed, lost, exclude=exclude, prefer=prefer)
+            return
         choices = self.move_choices(key)
         choice, notes = "", list[tuple[str, str]]()
         if choices is None:
@@ -390,8 +395,37 @@ class _Pass(ChoosingPass):
             members = self.members(key)
             if all(d.phase is Phase.PENDING for d in members):
                 orders.append((min(d.created or _EPOCH for d in members), key))
+        if not self.lending:
+            for _, key in sorted(orders):
+                self.bind_order(key)
+            return
+        # Lending: repay, then every within-budget order (oldest first), then the orders
+        # that may borrow, only onto room no entitled set still waits for; then reclaim.
+        self.repay()
+        entitled: list[SetKey] = []
+        borrowers: list[SetKey] = []
         for _, key in sorted(orders):
+            if key in self.released_now:
+                continue
             self.bind_order(key)
+            members = self.members(key)
+            if not all(d.phase is Phase.PENDING for d in members):
+                continue
+            if self.entitled_order(key):
+                entitled.append(key)
+            if self.borrow_choices(key):
+                borrowers.append(key)
+        waiting: set[str] = set()
+        for key in self.set_keys():
+            held = [d for d in self.members(key) if d.held]
+            if held and all(d.phase is Phase.LOST for d in held):
+                waiting |= self.entitled_waits(key)
+        for key in entitled:
+            waiting |= self.entitled_waits(key)
+        for key in borrowers:
+            if all(d.phase is Phase.PENDING for d in self.members(key)):
+                self.bind_borrowing(key, waiting)
+        self.reclaim(entitled)
 
     def bind_order(self, key: SetKey) -> None:
         members = self.members(key)
@@ -463,12 +497,21 @@ class _Pass(ChoosingPass):
         held = [d for d in members if d.held]
         if len({(d.phase, d.node) for d in held}) > 1:
             return
+        if self.lending and held and any(d.reclaim_for for d in held) and not self.vm_running(key):
+            # A marked set whose VM starts again gives its GPUs to the set they were marked
+            # for, and is placed as an order (borrowing only where nobody waits).
+            mark = next(d.reclaim_for for d in held if d.reclaim_for)
+            self.release(key, f"its borrowed GPUs were taken back for {mark}, which waited for them", mark)
+            held = []
         if held and held[0].phase is Phase.BOUND:
             self.grow(key, allow_move=False)
         elif held:
             self.rebind(key)
         else:
             self.bind_order(key)
+            members = self.members(key)
+            if self.lending and all(d.phase is Phase.PENDING for d in members) and self.borrow_choices(key):
+                self.bind_borrowing(key, self.waiting_at_start())
 
     # -- step 5: answer ------------------------------------------------------------------
 

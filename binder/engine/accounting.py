@@ -230,6 +230,10 @@ class Ledger:
     def devices(self, key: SetKey) -> tuple[Device, ...]:
         return self._devices.get(key, ())
 
+    def set_keys(self) -> Iterable[SetKey]:
+        """Every set the ledger holds (an answer pass judging lending looks past its view)."""
+        return self._devices.keys()
+
     def free(self, node: str, resource: str) -> int:
         """Allocatable minus booked; negative when the node is over-booked."""
         allocatable = self.nodes[node].allocatable.get(resource, 0) if node in self.nodes else 0

@@ -501,6 +501,7 @@ class _Pass(LendingPass):
             # A marked set whose VM starts again gives its GPUs to the set they were marked
             # for, and is placed as an order (borrowing only where nobody waits).
             mark = next(d.reclaim_for for d in held if d.reclaim_for)
+            self.waiting_at_start()  # judged before the release frees the room
             self.release(key, f"its borrowed GPUs were taken back for {mark}, which waited for them", mark)
             held = []
         if held and held[0].phase is Phase.BOUND:

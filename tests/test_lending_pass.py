@@ -1,0 +1,160 @@
+"""Lending through the product: the loader, the database pass (kept state and from
+scratch alike), its writes, the verification, ``dump_state --json`` and answer passes."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from binder import models
+from binder.mirror.snapshot import SnapshotError, load_objects
+from binder.runtime.mirror_state import Catchup
+from binder.runtime.passes import run_pass
+from binder.runtime.state import ClusterState
+from binder.runtime.verify import compare_records
+from tests.shapes import A10, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
+
+
+def dump() -> dict[str, Any]:
+    out = io.StringIO()
+    call_command("dump_state", "--json", stdout=out)
+    return json.loads(out.getvalue())  # type: ignore[no-any-return]
+
+
+def devices_of(vm: str) -> list[dict[str, Any]]:
+    return [d for d in dump()["devices"] if d["vm"] == vm]
+
+
+def tenant(ns: str) -> dict[str, Any]:
+    return next(t for t in dump()["tenants"] if t["namespace"] == ns)
+
+
+def same_as_a_rebuild(state: ClusterState) -> None:
+    """The kept state equals one read from scratch, the lending fields and counts included."""
+    scratch = ClusterState()
+    scratch.rebuild("test")
+    assert compare_records(state, scratch) == []
+    assert state.scope(Catchup(view="incremental")) == scratch.scope(Catchup(view="incremental"))
+    mine, theirs = state.ledger(), scratch.ledger()
+    for counts in ("used", "borrowed"):
+        assert {k: +c for k, c in getattr(mine, counts).items() if +c} == {
+            k: +c for k, c in getattr(theirs, counts).items() if +c
+        }
+    assert mine.borrowed_sets == theirs.borrowed_sets
+
+
+def base() -> list[dict[str, Any]]:
+    """t1 may hold 2 A10s and borrow 4 more; t2 may hold 4; one 4-A10 node."""
+    return [
+        namespace_obj("t1"),
+        namespace_obj("t2"),
+        class_obj("a10", A10),
+        node_obj("n1", {A10: 4}),
+        budget_obj("t1", {"a10": 2}, borrowing={"a10": 4}),
+        budget_obj("t2", {"a10": 4}),
+    ]
+
+
+def borrower_running(phase: str = "Running") -> list[dict[str, Any]]:
+    """t1's borrower: a VMI naming its 4 devices and its launcher pod on n1."""
+    vmi = vmi_obj("t1", "borrower", [f"borrower-gpu{i}" for i in range(4)], {}, "n1")
+    vmi["metadata"]["uid"] = "vmi-borrower"
+    pod = launcher_obj(vmi, A10, 4, "n1", uid="pod-borrower", phase=phase, name="virt-launcher-borrower")
+    vmi["status"]["activePods"] = {"pod-borrower": "n1"}
+    return [vmi, pod]
+
+
+@pytest.mark.django_db
+def test_the_loader_reads_borrowing_and_refuses_a_negative_one() -> None:
+    load_objects(base())
+    assert models.GpuBudget.objects.get(namespace__name="t1").borrowing == {"a10": 4}
+    with pytest.raises(SnapshotError, match="spec.borrowing"):
+        load_objects([budget_obj("t1", {"a10": 2}, borrowing={"a10": -1})])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fresh", [False, True], ids=["kept-state", "from-scratch"])
+def test_borrow_mark_and_release_through_the_database(fresh: bool) -> None:
+    state = ClusterState()
+
+    def full() -> models.PassRun:
+        return run_pass(models.PassKind.FULL, ClusterState() if fresh else state)
+
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    full()
+    assert {(d["phase"], d.get("borrowed")) for d in devices_of("borrower")} == {("Bound", True)}
+    assert tenant("t1")["borrowing"] == {"a10": 4} and tenant("t1")["borrowed"] == {"a10": 4, A10: 4}
+    assert "borrowing" not in tenant("t2") and "borrowed" not in tenant("t2")
+    assert models.GpuBudget.objects.get(namespace__name="t1").borrowed == {"a10": 4, A10: 4}
+    assert models.GpuDevice.objects.filter(borrowed=True).count() == 4
+
+    # Its VM runs; t2 orders 4 within budget: the borrower is marked, not released.
+    load_objects([*borrower_running(), *(gpu_obj("t2", f"waiting-gpu{i}", "a10", "waiting") for i in range(4))])
+    full()
+    assert {(d["phase"], d.get("reclaimFor")) for d in devices_of("borrower")} == {("Bound", "t2/waiting")}
+    assert {d["phase"] for d in devices_of("waiting")} == {"Pending"}
+    assert "waits for its VM to stop" in devices_of("waiting")[0]["reason"]
+    if not fresh:
+        same_as_a_rebuild(state)
+
+    # The VM stops: the next pass releases the borrower and binds t2 on n1.
+    load_objects(borrower_running(phase="Succeeded"))
+    full()
+    assert {(d["phase"], d.get("borrowed"), d.get("reclaimFor")) for d in devices_of("borrower")} == {
+        ("Pending", None, None)
+    }
+    assert {(d["phase"], d["node"]) for d in devices_of("waiting")} == {("Bound", "n1")}
+    assert "borrowed" not in tenant("t1")
+    assert models.GpuBudget.objects.get(namespace__name="t1").borrowed == {}
+    if not fresh:
+        same_as_a_rebuild(state)
+    released = models.Decision.objects.filter(vm_name="borrower", to_phase="Pending")
+    assert released.count() == 4 and "taken back for t2/waiting" in released[0].reason
+
+
+@pytest.mark.django_db
+def test_a_verification_finds_no_difference_with_borrowed_and_marked_sets(settings: Any) -> None:
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    load_objects([*borrower_running(), *(gpu_obj("t2", f"waiting-gpu{i}", "a10", "waiting") for i in range(4))])
+    run_pass(models.PassKind.FULL, state)
+    settings.GPUPLANE_VERIFY_SECONDS = 0
+    run = run_pass(models.PassKind.FULL, state)
+    assert run.verify_mismatches == 0
+    assert models.GpuDevice.objects.filter(reclaim_for="t2/waiting").count() == 4
+
+
+@pytest.mark.django_db
+def test_a_repaid_set_is_recorded_as_a_decision() -> None:
+    objects = [*base(), *(gpu_obj("t1", f"own-gpu{i}", "a10", "own", phase="Bound", node="n1") for i in range(2))]
+    objects += [gpu_obj("t1", f"lent-gpu{i}", "a10", "lent", phase="Bound", node="n1", borrowed=True) for i in range(2)]
+    load_objects(objects)
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    assert models.GpuDevice.objects.filter(borrowed=True).count() == 2  # 2 own + 2 is past the limit of 2
+    models.GpuDevice.objects.filter(vm_name="own").delete()
+    run_pass(models.PassKind.FULL, state)
+    assert models.GpuDevice.objects.filter(borrowed=True).count() == 0
+    repaid = models.Decision.objects.filter(vm_name="lent")
+    assert repaid.count() == 2 and all(d.from_node == d.to_node == "n1" and "repaid" in d.reason for d in repaid)
+    same_as_a_rebuild(state)
+
+
+@pytest.mark.django_db
+def test_an_answer_pass_releases_a_marked_set_and_refuses_it_naming_the_waiting_set() -> None:
+    objects = [*base(), *(gpu_obj("t2", f"waiting-gpu{i}", "a10", "waiting") for i in range(4))]
+    objects += [
+        gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower", phase="Bound", node="n1", borrowed=True,
+                reclaim_for="t2/waiting", bind_request="req-1")
+        for i in range(4)
+    ]  # fmt: skip
+    load_objects(objects)
+    run_pass(models.PassKind.ANSWER, ClusterState())
+    rows = models.GpuDevice.objects.filter(vm_name="borrower")
+    assert {(r.phase, r.node, r.borrowed, r.reclaim_for) for r in rows} == {("Pending", "", False, "")}
+    assert all(r.answer.startswith("refused:") and "t2/waiting" in r.answer for r in rows)

@@ -513,8 +513,8 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
         return
     binary.execute(
         DEVICE_UPDATE + "unnest(%b::bigint[], %b::varchar[], %b::varchar[], %b::timestamptz[], %b::text[],"
-        " %b::varchar[], %b::text[], %b::varchar[])"
-        " AS v(id, phase, node, since, reason, answered_request, answer, held_as)"
+        " %b::varchar[], %b::text[], %b::varchar[], %b::boolean[], %b::varchar[])"
+        " AS v(id, phase, node, since, reason, answered_request, answer, held_as, borrowed, reclaim_for)"
         " WHERE d.id = v.id",
         [
             [i for i, _ in changed],

@@ -192,17 +192,17 @@ def test_a_stopped_borrower_is_released_and_the_waiting_set_placed_in_the_same_p
 
 def test_reclaim_picks_the_node_releasing_fewest_units_then_fewest_sets_youngest_first() -> None:
     c = cluster(
-        *lent("t1", "n1-old", 2, "n1", since="2026-11-20T00:00:00Z"),
-        *lent("t1", "n1-young", 2, "n1", since="2026-11-28T00:00:00Z"),
-        *lent("t1", "n2-big", 4, "n2", since="2026-11-28T00:00:00Z"),
-        *lent("t1", "n3-a", 1, "n3", since="2026-11-28T00:00:00Z"),
-        *lent("t1", "n3-b", 1, "n3", since="2026-11-28T00:00:00Z"),
+        *lent("t1", "n1-big", 4, "n1", since="2026-11-28T00:00:00Z"),
+        *lent("t1", "n2-a", 1, "n2", since="2026-11-28T00:00:00Z"),
+        *lent("t1", "n2-b", 1, "n2", since="2026-11-28T00:00:00Z"),
+        *lent("t1", "n3-old", 2, "n3", since="2026-11-20T00:00:00Z"),
+        *lent("t1", "n3-young", 2, "n3", since="2026-11-28T00:00:00Z"),
         *order("t2", "waiting", 2),
-        nodes=(node("n1", {A10: 4}), node("n2", {A10: 4}), node("n3", {A10: 2})),
+        nodes=(node("n1", {A10: 4}), node("n2", {A10: 2}), node("n3", {A10: 4})),
         budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 12}),),
     )
     pods, vmis = [], []
-    for vm in ("n1-old", "n1-young", "n2-big", "n3-a", "n3-b"):
+    for vm in ("n1-big", "n2-a", "n2-b", "n3-old", "n3-young"):
         members = [d for d in c.devices if d.vm_name == vm]
         vmi, pod = running("t1", vm, members, members[0].node, len(members))
         vmis.append(vmi)
@@ -210,13 +210,13 @@ def test_reclaim_picks_the_node_releasing_fewest_units_then_fewest_sets_youngest
     c = dataclasses.replace(c, vmis=tuple(vmis), pods=tuple(pods))
     result = full_pass(c)
     marks = {d.vm_name for d in after(result, c).values() if d.reclaim_for == "t2/waiting"}
-    # n1 releases 2 units in 1 set (its youngest), n3 2 units in 2 sets, n2 4 units.
-    assert marks == {"n1-young"}
+    # n1 would release 4 units, n2 2 units in 2 sets, n3 2 units in 1 set: its youngest.
+    assert marks == {"n3-young"}
 
 
 def test_a_mark_is_dropped_when_the_set_it_was_for_is_gone() -> None:
-    c = cluster(*lent("t1", "borrower", 2, "n1", mark="t2/deleted"), nodes=(node("n1", {A10: 4}),), budgets=LENDER)
-    assert {d.reclaim_for for d in of_set(full_pass(c), c, "borrower")} == {""}
+    c = cluster(*lent("t1", "borrower", 3, "n1", mark="t2/deleted"), nodes=(node("n1", {A10: 4}),), budgets=LENDER)
+    assert {(d.borrowed, d.reclaim_for) for d in of_set(full_pass(c), c, "borrower")} == {(True, "")}
 
 
 def test_a_running_vms_set_is_never_released_by_reclaim() -> None:
@@ -234,14 +234,15 @@ def test_a_running_vms_set_is_never_released_by_reclaim() -> None:
 
 def test_a_borrowed_set_on_a_drained_node_is_released_never_lost() -> None:
     drained = node("n1", {A10: 4}, labels={"gpuplane.io/drain": "true"})
-    c = cluster(*lent("t1", "borrower", 4, "n1"), nodes=(drained,), budgets=LENDER)
+    c = cluster(*lent("t1", "borrower", 3, "n1"), nodes=(drained,), budgets=LENDER)
     devices = of_set(full_pass(c), c, "borrower")
     assert {(d.phase, d.borrowed) for d in devices} == {(e.Phase.PENDING, False)}
     assert "never sent to Lost" in devices[0].reason
     # With room elsewhere it moves there, still borrowed ...
     roomy = dataclasses.replace(c, nodes=(drained, node("n2", {A10: 4})))
     assert {(d.phase, d.node, d.borrowed) for d in of_set(full_pass(roomy), roomy, "borrower")} == {(e.Phase.BOUND, "n2", True)}
-    # ... unless an entitled set waited for that room at the start of the pass.
+    # ... unless an entitled set waited for that room at the start of the pass (n2 has the
+    # 3 units the borrower needs, but t2's order of 4 waits for n2's busy unit).
     waited = dataclasses.replace(roomy, devices=(*roomy.devices, *held("t3", "busy", 1, "n2"), *order("t2", "entitled", 4)))
     assert {d.phase for d in of_set(full_pass(waited), waited, "borrower")} == {e.Phase.PENDING}
 

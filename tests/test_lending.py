@@ -280,3 +280,25 @@ def test_the_ledger_counts_borrowed_units_apart_from_own_usage() -> None:
     ledger = ledger_for(c)
     assert ledger.used["t1"]["a10"] == 5 and ledger.borrowed["t1"]["a10"] == 3
     assert ledger.own_used("t1", "a10") == 2
+
+
+# -- the webhook ------------------------------------------------------------------------
+
+
+def test_the_webhook_does_not_pin_a_marked_set_and_lets_a_borrowing_order_ask_the_binder() -> None:
+    from tests.factories import new_vmi, review
+    from webhooks import admission
+    from webhooks.admission import Action, MirrorView
+
+    vmi = new_vmi("t1", "borrower", ["borrower-gpu0", "borrower-gpu1"])
+    marked = lent("t1", "borrower", 2, "n1", mark="t2/waiting")
+    view = MirrorView(namespace="t1", devices=tuple(marked), classes=(A10_CLASS,), nodes=(node("n1", {A10: 4}),))
+    assert admission.decide(review(vmi), view).action is Action.BIND
+    unmarked = dataclasses.replace(view, devices=tuple(lent("t1", "borrower", 2, "n1")))
+    assert admission.decide(review(vmi), unmarked).action is Action.PATCH
+    # An order over its limit that may borrow is the binder's to place; past limit +
+    # borrowing the advisory check denies it at once.
+    ordered = dataclasses.replace(view, devices=tuple(order("t1", "borrower", 2)), budgets=(budget("t1", {"a10": 1}, borrowing={"a10": 1}),))
+    assert admission.decide(review(vmi), ordered).action is Action.BIND
+    too_far = dataclasses.replace(ordered, budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 1}),))
+    assert admission.decide(review(vmi), too_far).action is Action.DENY

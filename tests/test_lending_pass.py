@@ -17,6 +17,7 @@ from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
 from tests.shapes import A10, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
+from usage.models import UsageRecord
 
 
 def dump() -> dict[str, Any]:
@@ -110,6 +111,9 @@ def test_borrow_mark_and_release_through_the_database(fresh: bool) -> None:
     assert {(d["phase"], d["node"]) for d in devices_of("waiting")} == {("Bound", "n1")}
     assert "borrowed" not in tenant("t1")
     assert models.GpuBudget.objects.get(namespace__name="t1").borrowed == {}
+    # The borrower's records were borrowed ones, closed at the release; none is open.
+    records = UsageRecord.objects.filter(vm_name="borrower")
+    assert records.count() == 4 and all(r.borrowed and r.end is not None for r in records)
     if not fresh:
         same_as_a_rebuild(state)
     released = models.Decision.objects.filter(vm_name="borrower", to_phase="Pending")
@@ -143,6 +147,10 @@ def test_a_repaid_set_is_recorded_as_a_decision() -> None:
     repaid = models.Decision.objects.filter(vm_name="lent")
     assert repaid.count() == 2 and all(d.from_node == d.to_node == "n1" and "repaid" in d.reason for d in repaid)
     same_as_a_rebuild(state)
+    # Each device's borrowed record closed where its own record opened.
+    records = UsageRecord.objects.filter(vm_name="lent", subject="lent-gpu0").order_by("start", "id")
+    assert [(r.borrowed, r.end is None) for r in records] == [(True, False), (False, True)]
+    assert records[0].end == records[1].start
 
 
 @pytest.mark.django_db

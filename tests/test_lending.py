@@ -99,7 +99,9 @@ def test_an_order_over_its_limit_borrows_idle_gpus_within_limit_plus_borrowing()
 
 
 def test_a_class_with_limit_zero_is_used_by_borrowing_only() -> None:
-    c = cluster(*order("t1", "vm", 2), nodes=(node("n1", {A10: 8}),), budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 2}),))
+    c = cluster(
+        *order("t1", "vm", 2), nodes=(node("n1", {A10: 8}),), budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 2}),)
+    )
     assert {(d.phase, d.borrowed) for d in of_set(full_pass(c), c, "vm")} == {(e.Phase.BOUND, True)}
 
 
@@ -129,7 +131,9 @@ def test_a_borrowing_order_takes_no_room_an_entitled_set_waits_for() -> None:
     assert {d.phase for d in borrower} == {e.Phase.PENDING}
     assert "entitled sets wait for nvidia.com/GA102GL_A10" in borrower[0].reason
     # An order no node could ever hold waits for nothing: then the GPUs are lent.
-    huge = dataclasses.replace(c, devices=(*held("t3", "busy", 2, "n1"), *order("t1", "borrower", 3), *order("t2", "entitled", 9)))
+    huge = dataclasses.replace(
+        c, devices=(*held("t3", "busy", 2, "n1"), *order("t1", "borrower", 3), *order("t2", "entitled", 9))
+    )
     assert {(d.phase, d.borrowed) for d in of_set(full_pass(huge), huge, "borrower")} == {(e.Phase.BOUND, True)}
 
 
@@ -158,12 +162,18 @@ def test_a_borrowed_set_is_repaid_oldest_first_once_the_tenants_own_usage_fits()
 def test_a_waiting_entitled_set_marks_a_running_borrower_which_stays_bound() -> None:
     borrower = lent("t1", "borrower", 4, "n1")
     vmi, pod = running("t1", "borrower", borrower, "n1", 4)
-    c = cluster(*borrower, *order("t2", "waiting", 4), nodes=(node("n1", {A10: 4}),), budgets=LENDER, vmis=(vmi,), pods=(pod,))
+    c = cluster(
+        *borrower, *order("t2", "waiting", 4), nodes=(node("n1", {A10: 4}),), budgets=LENDER, vmis=(vmi,), pods=(pod,)
+    )
     result = full_pass(c)
-    assert {(d.phase, d.node, d.reclaim_for) for d in of_set(result, c, "borrower")} == {(e.Phase.BOUND, "n1", "t2/waiting")}
+    assert {(d.phase, d.node, d.reclaim_for) for d in of_set(result, c, "borrower")} == {
+        (e.Phase.BOUND, "n1", "t2/waiting")
+    }
     waiting = of_set(result, c, "waiting")
     assert {d.phase for d in waiting} == {e.Phase.PENDING}
-    assert "waits for reclaim: t1/borrower on n1" in waiting[0].reason and "waits for its VM to stop" in waiting[0].reason
+    assert (
+        "waits for reclaim: t1/borrower on n1" in waiting[0].reason and "waits for its VM to stop" in waiting[0].reason
+    )
     # The VM stops (its launcher pod finishes): the next pass releases the set and places t2.
     stopped = then(result, c)
     stopped = dataclasses.replace(stopped, pods=(dataclasses.replace(pod, phase="Succeeded"),))
@@ -187,7 +197,9 @@ def test_a_stopped_borrower_is_released_and_the_waiting_set_placed_in_the_same_p
     assert {(d.phase, d.node) for d in of_set(result, c, "waiting")} == {(e.Phase.BOUND, "n1")}
     assert {(d.phase, d.borrowed) for d in of_set(result, c, "borrower")} == {(e.Phase.PENDING, False)}
     later = then(result, c)
-    assert {(d.phase, d.node, d.borrowed) for d in of_set(full_pass(later), later, "borrower")} == {(e.Phase.BOUND, "n2", True)}
+    assert {(d.phase, d.node, d.borrowed) for d in of_set(full_pass(later), later, "borrower")} == {
+        (e.Phase.BOUND, "n2", True)
+    }
 
 
 def test_reclaim_picks_the_node_releasing_fewest_units_then_fewest_sets_youngest_first() -> None:
@@ -222,7 +234,9 @@ def test_a_mark_is_dropped_when_the_set_it_was_for_is_gone() -> None:
 def test_a_running_vms_set_is_never_released_by_reclaim() -> None:
     borrower = lent("t1", "borrower", 4, "n1")
     vmi, pod = running("t1", "borrower", borrower, "n1", 4)
-    c = cluster(*borrower, *order("t2", "waiting", 4), nodes=(node("n1", {A10: 4}),), budgets=LENDER, vmis=(vmi,), pods=(pod,))
+    c = cluster(
+        *borrower, *order("t2", "waiting", 4), nodes=(node("n1", {A10: 4}),), budgets=LENDER, vmis=(vmi,), pods=(pod,)
+    )
     for _ in range(3):
         result = full_pass(c)
         assert {(d.phase, d.node) for d in of_set(result, c, "borrower")} == {(e.Phase.BOUND, "n1")}
@@ -240,10 +254,14 @@ def test_a_borrowed_set_on_a_drained_node_is_released_never_lost() -> None:
     assert "never sent to Lost" in devices[0].reason
     # With room elsewhere it moves there, still borrowed ...
     roomy = dataclasses.replace(c, nodes=(drained, node("n2", {A10: 4})))
-    assert {(d.phase, d.node, d.borrowed) for d in of_set(full_pass(roomy), roomy, "borrower")} == {(e.Phase.BOUND, "n2", True)}
+    assert {(d.phase, d.node, d.borrowed) for d in of_set(full_pass(roomy), roomy, "borrower")} == {
+        (e.Phase.BOUND, "n2", True)
+    }
     # ... unless an entitled set waited for that room at the start of the pass (n2 has the
     # 3 units the borrower needs, but t2's order of 4 waits for n2's busy unit).
-    waited = dataclasses.replace(roomy, devices=(*roomy.devices, *held("t3", "busy", 1, "n2"), *order("t2", "entitled", 4)))
+    waited = dataclasses.replace(
+        roomy, devices=(*roomy.devices, *held("t3", "busy", 1, "n2"), *order("t2", "entitled", 4))
+    )
     assert {d.phase for d in of_set(full_pass(waited), waited, "borrower")} == {e.Phase.PENDING}
 
 
@@ -298,7 +316,9 @@ def test_the_webhook_does_not_pin_a_marked_set_and_lets_a_borrowing_order_ask_th
     assert admission.decide(review(vmi), unmarked).action is Action.PATCH
     # An order over its limit that may borrow is the binder's to place; past limit +
     # borrowing the advisory check denies it at once.
-    ordered = dataclasses.replace(view, devices=tuple(order("t1", "borrower", 2)), budgets=(budget("t1", {"a10": 1}, borrowing={"a10": 1}),))
+    ordered = dataclasses.replace(
+        view, devices=tuple(order("t1", "borrower", 2)), budgets=(budget("t1", {"a10": 1}, borrowing={"a10": 1}),)
+    )
     assert admission.decide(review(vmi), ordered).action is Action.BIND
     too_far = dataclasses.replace(ordered, budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 1}),))
     assert admission.decide(review(vmi), too_far).action is Action.DENY

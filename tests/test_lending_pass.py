@@ -3,8 +3,10 @@ scratch alike), its writes, the verification, ``dump_state --json`` and answer p
 
 from __future__ import annotations
 
+import csv
 import io
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,7 +18,9 @@ from binder.runtime.mirror_state import Catchup
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.shapes import A10, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
+from tests.accounts import account, token_client
+from tests.clock import Clock
+from tests.shapes import A10, NOW, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
 from usage.models import UsageRecord
 
 
@@ -166,3 +170,22 @@ def test_an_answer_pass_releases_a_marked_set_and_refuses_it_naming_the_waiting_
     rows = models.GpuDevice.objects.filter(vm_name="borrower")
     assert {(r.phase, r.node, r.borrowed, r.reclaim_for) for r in rows} == {("Pending", "", False, "")}
     assert all(r.answer.startswith("refused:") and "t2/waiting" in r.answer for r in rows)
+
+
+@pytest.mark.django_db
+def test_the_tenant_usage_api_shows_borrowing_borrowed_units_and_borrowed_gpu_hours_apart(clock: Clock) -> None:
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(3))])
+    run_pass(models.PassKind.FULL, ClusterState())
+    clock.advance(hours=2)
+    client = token_client(account("alice", "t1"))
+    answer = client.get("/api/v1/tenants/t1/usage", {"from": (NOW - timedelta(hours=1)).isoformat()})
+    assert answer.status_code == 200
+    body = answer.json()
+    keys = {k["key"]: k for k in body["keys"]}
+    assert keys["a10"] == {"key": "a10", "kind": "class", "used": 3, "limit": 2, "remaining": 0, "gpuHours": 6.0,
+                                "borrowing": 4, "borrowed": 3, "borrowedGpuHours": 6.0}  # fmt: skip
+    assert body["gpuHours"]["borrowed"] == 6.0 and body["gpuHours"]["total"] == 6.0
+    assert {r["borrowed"] for r in body["openRecords"]} == {True}
+    export = client.get("/api/v1/tenants/t1/usage-records", {"format": "csv"})
+    rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
+    assert len(rows) == 3 and {r["borrowed"] for r in rows} == {"True"}

@@ -63,7 +63,9 @@ def with_launchers(cluster: Cluster, running: list[bool]) -> Cluster:
             continue
         node = members[0].node
         uid = f"pod-{key[0]}-{key[1]}"
-        vmis.append(e.Vmi(key[0], key[1], f"vmi-{key[1]}", {uid: node}, node, "Running", tuple(d.name for d in members)))
+        vmis.append(
+            e.Vmi(key[0], key[1], f"vmi-{key[1]}", {uid: node}, node, "Running", tuple(d.name for d in members))
+        )
         pods.append(e.Pod(key[0], f"virt-launcher-{key[1]}", uid, node, "Running", {A10: len(members)}, key[1]))
     return dataclasses.replace(cluster, vmis=tuple(vmis), pods=tuple(pods))
 
@@ -73,9 +75,7 @@ def vm_runs(cluster: Cluster, key: tuple[str, str]) -> bool:
     pods = {(p.namespace, p.uid): p for p in cluster.pods}
     for vmi in cluster.vmis:
         if (vmi.namespace, vmi.name) == key:
-            return any(
-                (p := pods.get((vmi.namespace, uid))) is not None and not p.finished for uid in vmi.active_pods
-            )
+            return any((p := pods.get((vmi.namespace, uid))) is not None and not p.finished for uid in vmi.active_pods)
     return False
 
 
@@ -158,9 +158,7 @@ def test_lending_passes_keep_running_vms_and_the_accounts_and_leave_no_stopped_b
     cluster = apply(cluster, full_pass(cluster))
     cluster = with_launchers(cluster, running)
     later = [
-        d
-        for i, (t, size) in enumerate(burst)
-        for d in make_order(f"t{t % len(tenant_specs)}", f"b{i}", size, 50 + i)
+        d for i, (t, size) in enumerate(burst) for d in make_order(f"t{t % len(tenant_specs)}", f"b{i}", size, 50 + i)
     ]
     cluster = dataclasses.replace(cluster, devices=(*cluster.devices, *later))
     for _ in range(MAX_PASSES):

@@ -10,7 +10,6 @@ storage should never hold) keep the lowest id open, as ``reconcile_usage`` does.
 from __future__ import annotations
 
 import dataclasses
-
 from datetime import UTC, datetime, timedelta
 
 import pytest

@@ -144,6 +144,15 @@ class LendingPass(ChoosingPass):
             self._waiting_start = found
         return self._waiting_start
 
+    def lost_sets(self) -> list[SetKey]:
+        """The sets held Lost whole and not borrowed, oldest Lost first."""
+        lost: list[tuple[datetime, SetKey]] = []
+        for key in self.set_keys():
+            held = [d for d in self.members(key) if d.held]
+            if held and all(d.phase is Phase.LOST and not d.borrowed for d in held):
+                lost.append((min(d.since or _EPOCH for d in held), key))
+        return [key for _, key in sorted(lost)]
+
     # -- changing ------------------------------------------------------------------------
 
     def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
@@ -292,13 +301,7 @@ class LendingPass(ChoosingPass):
         sets first, then orders, each oldest first); marked sets whose VM is not running are
         released, and a waiting set whose marks are all released is placed. Marks no waiting
         set needs any more are dropped."""
-        waiting: list[SetKey] = []
-        lost: list[tuple[datetime, SetKey]] = []
-        for key in self.set_keys():
-            held = [d for d in self.members(key) if d.held]
-            if held and all(d.phase is Phase.LOST and not d.borrowed for d in held):
-                lost.append((min(d.since or _EPOCH for d in held), key))
-        waiting.extend(key for _, key in sorted(lost))
+        waiting = [*self.lost_sets()]
         waiting.extend(k for k in waiting_orders if all(d.phase is Phase.PENDING for d in self.members(k)))
         marks: dict[SetKey, str] = {}
         chosen: set[str] = set()
@@ -306,11 +309,7 @@ class LendingPass(ChoosingPass):
         for key in waiting:
             plan = self.reclaim_plan(key, chosen, marks)
             if plan is None:
-                members = self.members(key)
-                if any(RECLAIM_NOTE in d.reason for d in members):
-                    for reason in sorted({d.reason for d in members if RECLAIM_NOTE in d.reason}):
-                        names = [d.name for d in members if d.reason == reason]
-                        self.with_reason(key, names, reason.split(RECLAIM_NOTE)[0])
+                self._reclaim_note(key, "")
                 continue
             node, taken = plan
             chosen.add(node)
@@ -324,13 +323,8 @@ class LendingPass(ChoosingPass):
                     self.release(other, f"its borrowed GPUs on {node} were taken back for {me}, which waited for "
                                  "them, while its VM was not running", made_room_for=me)  # fmt: skip
             if running:
-                note = (
-                    f"{RECLAIM_NOTE}{', '.join(set_id(o) for o in running)} on {node}, borrowed and marked for it, "
-                    "waits for its VM to stop"
-                )
-                members = self.members(key)
-                base = members[0].reason.split(RECLAIM_NOTE)[0]
-                self.with_reason(key, (d.name for d in members if not d.held or d.phase is Phase.LOST), base + note)
+                sets = ", ".join(set_id(o) for o in running)
+                self._reclaim_note(key, f"{sets} on {node}, borrowed and marked for it, waits for its VM to stop")
             else:
                 ready.append(key)
         for key in sorted(self.ledger.borrowed_sets):
@@ -343,6 +337,17 @@ class LendingPass(ChoosingPass):
             else:
                 self.bind_order(key)  # type: ignore[attr-defined]
 
+    def _reclaim_note(self, key: SetKey, note: str) -> None:
+        """The waiting set's unplaced members' reason says which marked sets it waits for
+        (``note``; empty: no longer says so)."""
+        for device in self.members(key):
+            if device.phase is Phase.BOUND:
+                continue
+            base = device.reason.split(RECLAIM_NOTE)[0]
+            wanted = base + RECLAIM_NOTE + note if note else base
+            if device.reason != wanted:
+                self.with_reason(key, [device.name], wanted)
+
     def reclaim_plan(
         self, key: SetKey, chosen: set[str], marks: dict[SetKey, str]
     ) -> tuple[str, list[SetKey]] | None:
@@ -354,18 +359,7 @@ class LendingPass(ChoosingPass):
         members = self.members(key)
         held = [d for d in members if d.held]
         names = {d.name for d in (held or members)}
-        me = set_id(key)
-        by_node: dict[str, list[SetKey]] = {}
-        for other in sorted(self.ledger.borrowed_sets):
-            if other in marks or other in self.released_now or other == key:
-                continue
-            lent = self.members(other)
-            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
-                continue
-            if any(d.reclaim_for and d.reclaim_for != me for d in lent):
-                continue  # marked for another waiting set from an earlier pass: it stays so
-            by_node.setdefault(lent[0].node, []).append(other)
-        kept = sorted(k for ks in by_node.values() for k in ks if self.members(k)[0].reclaim_for == me)
+        by_node, kept = self._lent_by_node(key, marks)
         for choice in self.set_choices(key, members):
             if choice is not None and choice not in self.classes:
                 continue
@@ -386,25 +380,52 @@ class LendingPass(ChoosingPass):
                 if kept and node == self.members(kept[0])[0].node:
                     lent_units = sum(self.units(self.members(k))[resource] for k in kept)
                     if lent_units and free + lent_units >= units:
-                        return node, kept
-                candidates = sorted(
-                    (k for k in by_node[node] if self.units(self.members(k))[resource]),
-                    key=lambda k: (-_ts(self.members(k)), k[0], k[1]),
-                )
-                taken: list[SetKey] = []
-                released = 0
-                for other in candidates:
-                    if free + released >= units:
-                        break
-                    taken.append(other)
-                    released += self.units(self.members(other))[resource]
-                if not taken or free + released < units:
+                        return node, kept  # still enough: the marks stay as they are
+                taken = self._youngest_until_room(by_node[node], resource, units - free)
+                if taken is None:
                     continue
-                rank = (released, len(taken), node, taken)
-                if best is None or rank[:3] < best[:3]:
-                    best = rank
+                released = sum(self.units(self.members(k))[resource] for k in taken)
+                if best is None or (released, len(taken), node) < best[:3]:
+                    best = (released, len(taken), node, taken)
             if best is not None:
                 return best[2], best[3]
+        return None
+
+    def _lent_by_node(
+        self, key: SetKey, marks: dict[SetKey, str]
+    ) -> tuple[dict[str, list[SetKey]], list[SetKey]]:
+        """The borrowed sets the waiting set ``key`` may mark, by node (whole on one node,
+        not marked for another set), and those of them already marked for it."""
+        me = set_id(key)
+        by_node: dict[str, list[SetKey]] = {}
+        for other in sorted(self.ledger.borrowed_sets):
+            if other in marks or other in self.released_now or other == key:
+                continue
+            lent = self.members(other)
+            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
+                continue
+            if any(d.reclaim_for and d.reclaim_for != me for d in lent):
+                continue  # marked for another waiting set from an earlier pass: it stays so
+            by_node.setdefault(lent[0].node, []).append(other)
+        kept = sorted(k for ks in by_node.values() for k in ks if self.members(k)[0].reclaim_for == me)
+        return by_node, kept
+
+    def _youngest_until_room(self, lent: Sequence[SetKey], resource: str, short: int) -> list[SetKey] | None:
+        """Borrowed sets of ``resource`` from ``lent``, youngest first (latest ``since``; equal
+        ``since`` by namespace, then VM name), until they free ``short`` units; None when all
+        of them do not."""
+        if short <= 0:
+            return None  # room already: nothing to take back for it here
+        taken: list[SetKey] = []
+        freed = 0
+        for other in sorted(lent, key=lambda k: (-_ts(self.members(k)), k[0], k[1])):
+            units = self.units(self.members(other))[resource]
+            if not units:
+                continue
+            taken.append(other)
+            freed += units
+            if freed >= short:
+                return taken
         return None
 
     # -- step 2: a borrowed set that cannot stay --------------------------------------------

@@ -340,11 +340,8 @@ class PassState:
                 before = original[device.name]
                 if device is before:
                     continue
-                if (before.phase, before.node) == (device.phase, device.node):
-                    if device.since != before.since:
-                        device = device.placed(
-                            device.class_name, device.phase, device.node, before.since, device.reason
-                        )
+                if (before.phase, before.node) == (device.phase, device.node) and device.since != before.since:
+                    device = device.placed(device.class_name, device.phase, device.node, before.since, device.reason)
                 if (before.phase, before.node, before.borrowed) != (device.phase, device.node, device.borrowed):
                     # A placement change, or a set that stops (or starts) borrowing where it is.
                     changes.append(

@@ -26,7 +26,6 @@ from binder.engine.choices import (
     placed_as,
     spec_class,
 )
-from binder.engine.lending import LendingPass
 from binder.engine.fit import (
     EligibleKey,
     NodeCache,
@@ -39,6 +38,7 @@ from binder.engine.fit import (
     selector_mismatch,
     untolerated_taint,
 )
+from binder.engine.lending import LendingPass
 from binder.engine.pass_state import REASON_BOUND, PassState
 from binder.engine.types import (
     Cluster,
@@ -399,28 +399,27 @@ class _Pass(LendingPass):
             for _, key in sorted(orders):
                 self.bind_order(key)
             return
-        # Lending: repay, then every within-budget order (oldest first), then the orders
-        # that may borrow, only onto room no entitled set still waits for; then reclaim.
+        self.bind_orders_lending([key for _, key in sorted(orders)])
+
+    def bind_orders_lending(self, orders: Sequence[SetKey]) -> None:
+        """Step 4 with lending: repay, then every within-budget order (oldest first), then
+        the orders that may borrow, only onto room no entitled set still waits for; then
+        reclaim for the entitled sets still waiting."""
         self.repay()
         entitled: list[SetKey] = []
         borrowers: list[SetKey] = []
-        for _, key in sorted(orders):
+        for key in orders:
             if key in self.released_now:
                 continue
             self.bind_order(key)
-            members = self.members(key)
-            if not all(d.phase is Phase.PENDING for d in members):
+            if not all(d.phase is Phase.PENDING for d in self.members(key)):
                 continue
             if self.entitled_order(key):
                 entitled.append(key)
             if self.borrow_choices(key):
                 borrowers.append(key)
         waiting: set[str] = set()
-        for key in self.set_keys():
-            held = [d for d in self.members(key) if d.held]
-            if held and all(d.phase is Phase.LOST for d in held):
-                waiting |= self.entitled_waits(key)
-        for key in entitled:
+        for key in [*self.lost_sets(), *entitled]:
             waiting |= self.entitled_waits(key)
         for key in borrowers:
             if all(d.phase is Phase.PENDING for d in self.members(key)):

@@ -62,7 +62,11 @@ def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
     tenants = []
     for ns in sorted(namespaces):
         limits = effective_limits(budgets.get(ns, ()), cluster.settings.default_budget)
-        tenant: dict[str, Any] = {"namespace": ns, "usage": tenant_usage(ledger, ns), "limits": dict(sorted(limits.per_key.items()))}
+        tenant: dict[str, Any] = {
+            "namespace": ns,
+            "usage": tenant_usage(ledger, ns),
+            "limits": dict(sorted(limits.per_key.items())),
+        }
         if any(b.borrowing for b in budgets.get(ns, ())):
             tenant["borrowing"] = dict(sorted(limits.borrowing.items()))
         borrowed = {k: v for k, v in sorted(ledger.borrowed.get(ns, {}).items()) if v}

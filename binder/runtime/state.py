@@ -261,7 +261,9 @@ class ClusterState(MirrorState):
             devices=tuple(d for key in keys for d in self.set_members(key)),
             # Every budget when some budget lends: whether a requested set may borrow depends
             # on which sets of any tenant are entitled to the GPUs.
-            budgets=budgets if any(b.borrowing for b in budgets) else tuple(b for b in budgets if b.namespace in namespaces),
+            budgets=budgets
+            if any(b.borrowing for b in budgets)
+            else tuple(b for b in budgets if b.namespace in namespaces),
             settings=settings,
         )
 

@@ -322,3 +322,25 @@ def test_the_webhook_does_not_pin_a_marked_set_and_lets_a_borrowing_order_ask_th
     assert admission.decide(review(vmi), ordered).action is Action.BIND
     too_far = dataclasses.replace(ordered, budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 1}),))
     assert admission.decide(review(vmi), too_far).action is Action.DENY
+
+
+# -- the catalog ------------------------------------------------------------------------
+
+
+def test_the_catalog_says_what_could_be_borrowed_now_and_whether_an_order_would_borrow() -> None:
+    from binder.engine.catalog import gpu_options, order_fit
+
+    c = cluster(*held("t1", "own", 2, "n1"), nodes=(node("n1", {A10: 8}),), budgets=LENDER)
+    (a10,) = [o for o in gpu_options(c, "t1") if o.name == "a10"]
+    assert (a10.limit, a10.used, a10.remaining, a10.borrowing, a10.borrowable) == (2, 2, 0, 4, 4)
+    fit = order_fit(c, "t1", 3, ["a10"])
+    assert fit.fits and fit.borrowed
+    assert not order_fit(c, "t1", 5, ["a10"]).fits  # past limit + borrowing
+    # An entitled order waiting for A10 room: nothing may be borrowed now.
+    waited = dataclasses.replace(c, devices=(*c.devices, *held("t3", "busy", 5, "n1"), *order("t2", "entitled", 4)))
+    (a10,) = [o for o in gpu_options(waited, "t1") if o.name == "a10"]
+    assert a10.borrowable == 0
+    assert not order_fit(waited, "t1", 1, ["a10"]).fits
+    # Limit 0 with borrowing: the class is listed (usable by borrowing only).
+    zero = dataclasses.replace(c, devices=(), budgets=(budget("t1", {"a10": 0}, borrowing={"a10": 2}),))
+    assert [o.borrowable for o in gpu_options(zero, "t1") if o.name == "a10"] == [2]

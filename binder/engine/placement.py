@@ -132,11 +132,24 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
 def try_order(cluster: Cluster, key: SetKey, ledger: Ledger | None = None) -> tuple[Device, ...]:
     """The members of the order ``key`` (all Pending, in ``cluster`` or in ``ledger``, which
     the pass changes) as binding new orders would place them now, with nothing else moved:
-    the catalog's "would it fit, and as which class" answered by the binder's own rules."""
+    the catalog's "would it fit, and as which class" answered by the binder's own rules
+    (borrowing, as an answer pass would, only onto room no entitled set waits for)."""
     run = _Pass(cluster, ledger=ledger, scope=[key])
+    run.whole_view = False
     if cluster.settings.enabled:
+        waiting = run.waiting_at_start() if run.lending else set()
         run.bind_order(key)
+        if run.lending and all(d.phase is Phase.PENDING for d in run.members(key)) and run.borrow_choices(key):
+            run.bind_borrowing(key, waiting)
     return run.members(key)
+
+
+def waiting_resources(cluster: Cluster, ledger: Ledger | None = None) -> set[str]:
+    """The resources entitled sets (Lost sets, orders within budget) wait for room of now:
+    what a borrowing order may not take (the catalog's "what could be borrowed now")."""
+    run = _Pass(cluster, ledger=ledger)
+    run.whole_view = False
+    return run.waiting_at_start()
 
 
 class _Pass(LendingPass):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from binder import models
 from binder.mirror.snapshot import SnapshotError, load_objects
@@ -189,3 +190,24 @@ def test_the_tenant_usage_api_shows_borrowing_borrowed_units_and_borrowed_gpu_ho
     export = client.get("/api/v1/tenants/t1/usage-records", {"format": "csv"})
     rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
     assert len(rows) == 3 and {r["borrowed"] for r in rows} == {"True"}
+
+
+@pytest.mark.django_db
+def test_metrics_show_borrowed_units_per_class_and_tenant_and_marks_with_their_wait(clock: Clock) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    run_pass(models.PassKind.FULL, ClusterState())
+    load_objects([*borrower_running(), *(gpu_obj("t2", f"waiting-gpu{i}", "a10", "waiting") for i in range(4))])
+    run_pass(models.PassKind.FULL, ClusterState())
+    clock.advance(hours=1)
+    text = Client().get("/metrics").content.decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("gpuplane_borrowed_units", (("class", "a10"), ("namespace", "t1")))] == 4
+    assert samples[("gpuplane_reclaim_marks", ())] == 1
+    created = models.GpuDevice.objects.filter(vm_name="waiting").first().created  # type: ignore[union-attr]
+    assert samples[("gpuplane_reclaim_mark_oldest_wait_seconds", ())] == (clock.now - created).total_seconds()

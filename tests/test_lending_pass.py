@@ -211,3 +211,24 @@ def test_metrics_show_borrowed_units_per_class_and_tenant_and_marks_with_their_w
     assert samples[("gpuplane_reclaim_marks", ())] == 1
     created = models.GpuDevice.objects.filter(vm_name="waiting").first().created  # type: ignore[union-attr]
     assert samples[("gpuplane_reclaim_mark_oldest_wait_seconds", ())] == (clock.now - created).total_seconds()
+
+
+@pytest.mark.django_db
+def test_the_staff_console_draws_borrowed_units_and_marks_apart_and_explains_the_wait(admin_client: Client) -> None:
+    from django.urls import reverse
+
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    run_pass(models.PassKind.FULL, ClusterState())
+    load_objects([*borrower_running(), *(gpu_obj("t2", f"waiting-gpu{i}", "a10", "waiting") for i in range(4))])
+    run_pass(models.PassKind.FULL, ClusterState())
+    board = admin_client.get(reverse("admin:placement-board")).content.decode()
+    assert 'id="legend-borrowed"' in board and "4 units lent beyond budgets" in board
+    assert 'id="legend-reclaim"' in board and "waits for its VM to stop" in board
+    assert board.count(" bw rc") == 4  # the borrower's four units: borrowed and marked
+    assert "marked for reclaim by t2/waiting: waits for its VM to stop" in board
+    waiting = models.GpuDevice.objects.filter(vm_name="waiting").first()
+    assert waiting is not None
+    page = admin_client.get(reverse("admin:binder_gpudevice_change", args=[waiting.pk])).content.decode()
+    assert "waits for reclaim: t1/borrower on n1" in page
+    budgets = admin_client.get(reverse("admin:budgets")).content.decode()
+    assert 'data-tenant="t1" data-key="a10"' in budgets and 'data-borrowing="4" data-borrowed="4"' in budgets

@@ -181,8 +181,9 @@ def is_settled(
     for an answer. Then no step of a full pass acts on it: nothing to restore, gather or
     grow (step 1), its node can keep it (step 2; NotReady nodes count as unsettled even
     inside their grace period, so the clock never has to be consulted), it is neither
-    Lost (step 3) nor an order (step 4), nor asks (step 5). A borrowed or marked set is
-    never settled: whether it is repaid, marked or released depends on other sets. The one step that may still
+    Lost (step 3) nor an order (step 4), nor asks (step 5). A borrowed or marked set may be
+    settled too: repaying, marking and releasing find borrowed sets through the ledger
+    (``Ledger.borrowed_sets``), never through the scope. The one step that may still
     move it is relieving an over-booked node, which finds its residents through the
     ledger, not through the scope. A worker can therefore give :func:`full_pass` only the
     unsettled sets (``scope``) and get the decisions of a pass over everything.
@@ -200,8 +201,6 @@ def is_settled(
             or device.node != node_name
             or device.class_name not in classes
             or device.wants_answer
-            or device.borrowed
-            or device.reclaim_for
         ):
             return False
         if device.class_name != one_class:

@@ -55,6 +55,7 @@ class LendingPass(ChoosingPass):
         self.released_for: dict[SetKey, str] = {}
         #: Whether the pass sees every unsettled set (a full pass) or only requested ones.
         self.whole_view = True
+        self._allocatable_memo: dict[tuple[int, str], int] = {}
 
     # -- reading -------------------------------------------------------------------------
 
@@ -105,9 +106,19 @@ class LendingPass(ChoosingPass):
         eligible = self.eligible_nodes(moving)
         found = set()
         for resource, units in need.items():
-            if any(self.nodes[n].allocatable.get(resource, 0) >= units for n in eligible):
+            if self._most_allocatable(eligible, resource) >= units:
                 found.add(resource)
         return found
+
+    def _most_allocatable(self, eligible: set[str], resource: str) -> int:
+        """The most allocatable units of ``resource`` on one of ``eligible`` (the node cache's
+        set, the same object while nodes do not change): worked out once per pass."""
+        key = (id(eligible), resource)
+        most = self._allocatable_memo.get(key)
+        if most is None:
+            most = max((self.nodes[n].allocatable.get(resource, 0) for n in eligible), default=0)
+            self._allocatable_memo[key] = most
+        return most
 
     def entitled_waits(self, key: SetKey) -> set[str]:
         """What an unplaced entitled set waits for room of, judged now: a Lost set that is
@@ -185,6 +196,17 @@ class LendingPass(ChoosingPass):
                 for d in members
             ),
         )  # fmt: skip
+
+    def settle_lent(self, key: SetKey, members: Sequence[Device], node: str, reason: str, held_as: str) -> None:
+        """:meth:`settle` of the whole set Bound on ``node`` as a borrowed set, in one change."""
+        self.refused.discard(key)
+        self.apply(
+            key,
+            (
+                d.placed(held_as or d.class_name, Phase.BOUND, node, self.now, reason, borrowed=True, reclaim_for="")
+                for d in members
+            ),
+        )
 
     def release(self, key: SetKey, why: str, made_room_for: str = "") -> None:
         """A borrowed set gives its GPUs back: Pending, no node, neither borrowed nor marked;
@@ -283,8 +305,7 @@ class LendingPass(ChoosingPass):
                 f"{REASON_BOUND} (borrowed{note}: over its limits on {describe_overage(over)}; "
                 "it may be taken back while its VM is not running)"
             )
-            self.settle(key, as_choice, Phase.BOUND, node, reason, choice or "")
-            self.lend(key, borrowed=True, mark="")
+            self.settle_lent(key, as_choice, node, reason, choice or "")
             self.counts[Outcome.BOUND] += 1
             return True
         if notes:
@@ -306,8 +327,9 @@ class LendingPass(ChoosingPass):
         marks: dict[SetKey, str] = {}
         chosen: set[str] = set()
         ready: list[SetKey] = []
+        index = self._lent_index() if waiting else {}
         for key in waiting:
-            plan = self.reclaim_plan(key, chosen, marks)
+            plan = self.reclaim_plan(key, chosen, marks, index)
             if plan is None:
                 self._reclaim_note(key, "")
                 continue
@@ -348,18 +370,44 @@ class LendingPass(ChoosingPass):
             if device.reason != wanted:
                 self.with_reason(key, [device.name], wanted)
 
+    def _lent_index(self) -> dict[str, dict[str, list[SetKey]]]:
+        """The borrowed sets reclaim may mark, by resource and node: Bound whole on one node,
+        not released in this pass (built once per pass; marks are checked as they are made)."""
+        index: dict[str, dict[str, list[SetKey]]] = {}
+        for other in sorted(self.ledger.borrowed_sets):
+            if other in self.released_now:
+                continue
+            lent = self.members(other)
+            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
+                continue
+            for resource in self.units(lent):
+                index.setdefault(resource, {}).setdefault(lent[0].node, []).append(other)
+        return index
+
     def reclaim_plan(
-        self, key: SetKey, chosen: set[str], marks: dict[SetKey, str]
+        self,
+        key: SetKey,
+        chosen: set[str],
+        marks: dict[SetKey, str],
+        index: dict[str, dict[str, list[SetKey]]],
     ) -> tuple[str, list[SetKey]] | None:
         """The node and the borrowed sets (youngest first) whose release would make room for
         the waiting set ``key``: per choice in preference order, on every eligible node not
-        chosen for an earlier waiting set, its unmarked borrowed sets of the choice's resource
-        until the node would have room; the node releasing the fewest units, then the fewest
-        sets, then by name. A plan already marked for the set and still enough is kept."""
+        chosen for an earlier waiting set, its borrowed sets of the choice's resource not
+        marked for another set until the node would have room; the node releasing the fewest
+        units, then the fewest sets, then by name. A plan already marked for the set and
+        still enough is kept."""
         members = self.members(key)
         held = [d for d in members if d.held]
         names = {d.name for d in (held or members)}
-        by_node, kept = self._lent_by_node(key, marks)
+        me = set_id(key)
+
+        def free_for_me(other: SetKey) -> bool:
+            if other in marks or other in self.released_now or other == key:
+                return False
+            mark = self.members(other)[0].reclaim_for
+            return not mark or mark == me  # marked for another waiting set earlier: it stays so
+
         for choice in self.set_choices(key, members):
             if choice is not None and choice not in self.classes:
                 continue
@@ -371,17 +419,22 @@ class LendingPass(ChoosingPass):
             if len(need) != 1:
                 continue
             ((resource, units),) = need.items()
+            by_node = index.get(resource, {})
+            if not by_node:
+                continue
             eligible = self.eligible_nodes(moving)
             best: tuple[int, int, str, list[SetKey]] | None = None
             for node in sorted(by_node):
                 if node not in eligible or node in chosen:
                     continue
                 free = self.ledger.free(node, resource)
-                if kept and node == self.members(kept[0])[0].node:
-                    lent_units = sum(self.units(self.members(k))[resource] for k in kept)
-                    if lent_units and free + lent_units >= units:
+                lent = [k for k in by_node[node] if free_for_me(k)]
+                kept = [k for k in lent if self.members(k)[0].reclaim_for == me]
+                if kept:
+                    kept_units = sum(self.units(self.members(k))[resource] for k in kept)
+                    if free + kept_units >= units:
                         return node, kept  # still enough: the marks stay as they are
-                taken = self._youngest_until_room(by_node[node], resource, units - free)
+                taken = self._youngest_until_room(lent, resource, units - free)
                 if taken is None:
                     continue
                 released = sum(self.units(self.members(k))[resource] for k in taken)
@@ -390,25 +443,6 @@ class LendingPass(ChoosingPass):
             if best is not None:
                 return best[2], best[3]
         return None
-
-    def _lent_by_node(
-        self, key: SetKey, marks: dict[SetKey, str]
-    ) -> tuple[dict[str, list[SetKey]], list[SetKey]]:
-        """The borrowed sets the waiting set ``key`` may mark, by node (whole on one node,
-        not marked for another set), and those of them already marked for it."""
-        me = set_id(key)
-        by_node: dict[str, list[SetKey]] = {}
-        for other in sorted(self.ledger.borrowed_sets):
-            if other in marks or other in self.released_now or other == key:
-                continue
-            lent = self.members(other)
-            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
-                continue
-            if any(d.reclaim_for and d.reclaim_for != me for d in lent):
-                continue  # marked for another waiting set from an earlier pass: it stays so
-            by_node.setdefault(lent[0].node, []).append(other)
-        kept = sorted(k for ks in by_node.values() for k in ks if self.members(k)[0].reclaim_for == me)
-        return by_node, kept
 
     def _youngest_until_room(self, lent: Sequence[SetKey], resource: str, short: int) -> list[SetKey] | None:
         """Borrowed sets of ``resource`` from ``lent``, youngest first (latest ``since``; equal

@@ -422,27 +422,38 @@ class LendingPass(ChoosingPass):
             by_node = index.get(resource, {})
             if not by_node:
                 continue
-            eligible = self.eligible_nodes(moving)
-            best: tuple[int, int, str, list[SetKey]] | None = None
-            for node in sorted(by_node):
-                if node not in eligible or node in chosen:
-                    continue
-                free = self.ledger.free(node, resource)
-                lent = [k for k in by_node[node] if free_for_me(k)]
-                kept = [k for k in lent if self.members(k)[0].reclaim_for == me]
-                if kept:
-                    kept_units = sum(self.units(self.members(k))[resource] for k in kept)
-                    if free + kept_units >= units:
-                        return node, kept  # still enough: the marks stay as they are
-                taken = self._youngest_until_room(lent, resource, units - free)
-                if taken is None:
-                    continue
-                released = sum(self.units(self.members(k))[resource] for k in taken)
-                if best is None or (released, len(taken), node) < best[:3]:
-                    best = (released, len(taken), node, taken)
-            if best is not None:
-                return best[2], best[3]
+            plan = self._plan_on_nodes(me, resource, units, by_node, self.eligible_nodes(moving), chosen, free_for_me)
+            if plan is not None:
+                return plan
         return None
+
+    def _plan_on_nodes(
+        self,
+        me: str,
+        resource: str,
+        units: int,
+        by_node: dict[str, list[SetKey]],
+        eligible: set[str],
+        chosen: set[str],
+        usable: Callable[[SetKey], bool],
+    ) -> tuple[str, list[SetKey]] | None:
+        """:meth:`reclaim_plan` for one choice: ``units`` of ``resource`` for the set ``me``."""
+        best: tuple[int, int, str, list[SetKey]] | None = None
+        for node in sorted(by_node):
+            if node not in eligible or node in chosen:
+                continue
+            free = self.ledger.free(node, resource)
+            lent = [k for k in by_node[node] if usable(k)]
+            kept = [k for k in lent if self.members(k)[0].reclaim_for == me]
+            if kept and free + sum(self.units(self.members(k))[resource] for k in kept) >= units:
+                return node, kept  # still enough: the marks stay as they are
+            taken = self._youngest_until_room(lent, resource, units - free)
+            if taken is None:
+                continue
+            released = sum(self.units(self.members(k))[resource] for k in taken)
+            if best is None or (released, len(taken), node) < best[:3]:
+                best = (released, len(taken), node, taken)
+        return (best[2], best[3]) if best is not None else None
 
     def _youngest_until_room(self, lent: Sequence[SetKey], resource: str, short: int) -> list[SetKey] | None:
         """Borrowed sets of ``resource`` from ``lent``, youngest first (latest ``since``; equal

@@ -12,7 +12,7 @@ borrowed sets hold now).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from binder.engine import effective_limits, ledger_for, tenant_usage
@@ -84,7 +84,7 @@ def budget_bars(cluster: e.Cluster, namespaces: Iterable[str] = ()) -> list[Tena
     for namespace in sorted(tenants):
         used = tenant_usage(ledger, namespace)
         limits = effective_limits(budgets.get(namespace, ()), cluster.settings.default_budget)
-        lent = ledger.borrowed.get(namespace, {})
+        lent: Mapping[str, int] = ledger.borrowed.get(namespace, {})
         keys = sorted(set(used) | set(limits.per_key), key=lambda k: (is_raw_key(k), k))
         out.append(
             TenantBudget(

@@ -120,9 +120,10 @@ class LendingPass(ChoosingPass):
             self._allocatable_memo[key] = most
         return most
 
-    def entitled_waits(self, key: SetKey) -> set[str]:
+    def entitled_waits(self, key: SetKey, *, room_checked: bool = False) -> set[str]:
         """What an unplaced entitled set waits for room of, judged now: a Lost set that is
-        not borrowed (every choice), or an order for each choice within its budget."""
+        not borrowed (every choice), or an order for each choice within its budget.
+        ``room_checked``: the pass just tried to place it and found no room."""
         members = self.members(key)
         if not members or key in self.released_now:
             return set()
@@ -141,7 +142,7 @@ class LendingPass(ChoosingPass):
                 continue
             if order and not self.within_budget(key, as_choice, names):
                 continue
-            found |= self.waits_for(key, [d for d in as_choice if d.name in names])
+            found |= self.waits_for(key, [d for d in as_choice if d.name in names], room_checked=room_checked)
         return found
 
     def waiting_at_start(self) -> set[str]:

@@ -433,7 +433,8 @@ class _Pass(LendingPass):
                 borrowers.append(key)
         waiting: set[str] = set()
         for key in [*self.lost_sets(), *entitled]:
-            waiting |= self.entitled_waits(key)
+            # Each was just tried (step 3, or the orders above) and found no room.
+            waiting |= self.entitled_waits(key, room_checked=True)
         for key in borrowers:
             if all(d.phase is Phase.PENDING for d in self.members(key)):
                 self.bind_borrowing(key, waiting)

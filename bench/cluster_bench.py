@@ -388,6 +388,8 @@ def datetime_now() -> Any:
 def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress: Any) -> None:
     """The same measures without lending and with ``--lending-share`` of tenants borrowing."""
     from binder import models
+    from binder.runtime import checkpoint
+    from binder.runtime.state import STATE
 
     out: dict[str, Any] = {}
     for label, share in (("without", 0.0), ("with", args.lending_share)):
@@ -398,6 +400,9 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
         prime, run = timed_pass("full")
         row["prime"] = {"duration": prime, "written": run.devices_written}
         timed_pass("full")  # the prime pass's own writes, re-read
+        # A checkpoint of this state, as a worker saves after a rebuild: the fresh worker of the
+        # orders pass then replays only the orders, not the budget and borrowed-flag changes.
+        checkpoint.save(STATE, "lending bench")
         row["borrowed_devices"] = models.GpuDevice.objects.filter(borrowed=True).count()
         progress.advance(task)
         row["steady"] = []

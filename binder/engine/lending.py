@@ -173,6 +173,9 @@ class LendingPass(ChoosingPass):
         neither (a released or re-ordered device borrows nothing)."""
         if self.lending:
             devices = tuple(devices)
+            if key not in self.ledger.borrowed_sets and not any(d.borrowed or d.reclaim_for for d in devices):
+                super().apply(key, devices)  # nothing borrowed or marked: nothing to keep alike
+                return
             held = [d for d in devices if d.held]
             lent = any(d.borrowed for d in held)
             mark = next((d.reclaim_for for d in held if d.reclaim_for), "") if lent else ""
@@ -372,8 +375,9 @@ class LendingPass(ChoosingPass):
                 self.with_reason(key, [device.name], wanted)
 
     def _lent_index(self) -> dict[str, dict[str, list[SetKey]]]:
-        """The borrowed sets reclaim may mark, by resource and node: Bound whole on one node,
-        not released in this pass (built once per pass; marks are checked as they are made)."""
+        """The borrowed sets reclaim may mark, by resource and node (nodes by name): Bound
+        whole on one node, not released in this pass (built once per pass; marks are checked
+        as they are made)."""
         index: dict[str, dict[str, list[SetKey]]] = {}
         for other in sorted(self.ledger.borrowed_sets):
             if other in self.released_now:
@@ -383,7 +387,7 @@ class LendingPass(ChoosingPass):
                 continue
             for resource in self.units(lent):
                 index.setdefault(resource, {}).setdefault(lent[0].node, []).append(other)
-        return index
+        return {r: dict(sorted(by_node.items())) for r, by_node in index.items()}
 
     def reclaim_plan(
         self,
@@ -440,7 +444,7 @@ class LendingPass(ChoosingPass):
     ) -> tuple[str, list[SetKey]] | None:
         """:meth:`reclaim_plan` for one choice: ``units`` of ``resource`` for the set ``me``."""
         best: tuple[int, int, str, list[SetKey]] | None = None
-        for node in sorted(by_node):
+        for node in by_node:  # by name
             if node not in eligible or node in chosen:
                 continue
             free = self.ledger.free(node, resource)

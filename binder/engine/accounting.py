@@ -198,6 +198,8 @@ class Ledger:
         #: a tenant's own usage is ``used`` less these, and only borrowed sets are listed.
         self.borrowed: dict[str, Counter[str]] = defaultdict(Counter)
         self.borrowed_sets: dict[SetKey, dict[str, int]] = {}
+        #: The borrowed sets marked for reclaim (``reclaim_for``), a subset of ``borrowed_sets``.
+        self.marked_sets: set[SetKey] = set()
         self._indexed = False
 
         def find_vmi(namespace: str, name: str) -> Vmi | None:
@@ -318,6 +320,7 @@ class Ledger:
         twin.sets_on = defaultdict(set, {k: set(v) for k, v in self.sets_on.items()})
         twin.borrowed = defaultdict(Counter, {k: Counter(v) for k, v in self.borrowed.items()})
         twin.borrowed_sets = dict(self.borrowed_sets)
+        twin.marked_sets = set(self.marked_sets)
         twin.by_free = defaultdict(
             dict, {r: {free: list(names) for free, names in buckets.items()} for r, buckets in self.by_free.items()}
         )
@@ -466,11 +469,16 @@ class Ledger:
             tenant[k] -= units
             if not tenant[k]:
                 del tenant[k]
-        units_now = class_units([d for d in devices if d.borrowed and d.held], self.classes)
+        lent = [d for d in devices if d.borrowed and d.held]
+        units_now = class_units(lent, self.classes)
         if units_now:
             self.borrowed_sets[key] = units_now
             for k, units in units_now.items():
                 tenant[k] += units
+        if units_now and any(d.reclaim_for for d in lent):
+            self.marked_sets.add(key)
+        else:
+            self.marked_sets.discard(key)
 
     def own_used(self, namespace: str, key: str) -> int:
         """The tenant's own usage of ``key``: its usage less the units of its borrowed sets."""

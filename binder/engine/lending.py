@@ -227,22 +227,30 @@ class LendingPass(ChoosingPass):
 
     def repay(self) -> None:
         """Oldest borrowed set first: one that now fits its tenant's limits with the tenant's
-        own usage stops being borrowed (its units join the own usage for the next)."""
-        lent = []
-        for key in sorted(self.ledger.borrowed_sets):
-            members = self.members(key)
-            if members and all(d.phase is Phase.BOUND for d in members):
-                lent.append((min(d.since or _EPOCH for d in members), key))
-        for _, key in sorted(lent):
-            units = self.ledger.borrowed_sets.get(key, {})
+        own usage stops being borrowed (its units join the own usage for the next). Tenants
+        are independent, so each is judged apart, and one whose borrowed sets all use a
+        limited key with no unit of headroom left is passed over without looking at them."""
+        ledger = self.ledger
+        judged: list[str] = []
+        for namespace, lent in ledger.borrowed.items():
+            held = [k for k, units in lent.items() if units > 0]
+            if held:
+                judged.append(namespace)
+        if not judged:
+            return
+        wanted = set(judged)
+        lent_sets: list[tuple[datetime, SetKey]] = []
+        for key in ledger.borrowed_sets:
+            if key[0] in wanted:
+                members = self.members(key)
+                if members and all(d.phase is Phase.BOUND for d in members):
+                    lent_sets.append((min(d.since or _EPOCH for d in members), key))
+        for _, key in sorted(lent_sets):
+            units = ledger.borrowed_sets.get(key, {})
             limits = self.limits(key[0])
-            fits = True
-            for k, n in units.items():
-                limit = limits.limit(k)
-                if limit is not None and self.ledger.own_used(key[0], k) + n > limit:
-                    fits = False
-                    break
-            if fits:
+            if all(
+                (limit := limits.limit(k)) is None or ledger.own_used(key[0], k) + n <= limit for k, n in units.items()
+            ):
                 node = self.members(key)[0].node
                 self.lend(
                     key,
@@ -250,6 +258,18 @@ class LendingPass(ChoosingPass):
                     mark="",
                     reason=f"bound: repaid on {node}: the tenant's own usage now fits its limits with this set",
                 )
+
+    def _no_headroom(self, namespace: str, keys: Sequence[str]) -> bool:
+        """Whether none of the tenant's borrowed sets can be repaid now: they all use one
+        class key (or one raw key) whose limit leaves no unit for them."""
+        limits = self.limits(namespace)
+        for raw in (False, True):
+            of_kind = [k for k in keys if ("/" in k) == raw]
+            if len(of_kind) == 1:
+                limit = limits.limit(of_kind[0])
+                if limit is not None and self.ledger.own_used(namespace, of_kind[0]) + 1 > limit:
+                    return True
+        return False
 
     # -- step 4: borrowing orders --------------------------------------------------------
 
@@ -353,9 +373,8 @@ class LendingPass(ChoosingPass):
                 self._reclaim_note(key, f"{sets} on {node}, borrowed and marked for it, waits for its VM to stop")
             else:
                 ready.append(key)
-        for key in sorted(self.ledger.borrowed_sets):
-            if key not in marks and any(d.reclaim_for for d in self.members(key)):
-                self.lend(key, borrowed=True, mark="")
+        for key in sorted(self.ledger.marked_sets - marks.keys()):
+            self.lend(key, borrowed=True, mark="")
         for key in ready:
             held = [d for d in self.members(key) if d.held]
             if held:

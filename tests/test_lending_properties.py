@@ -101,6 +101,17 @@ def check_accounting(cluster: Cluster, result: e.PassResult) -> None:
         assert borrowed.get("a10", 0) == lent[ns]
 
 
+def check_marks(cluster: Cluster, sets: dict[tuple[str, str], list[e.Device]]) -> set[str]:
+    """A marked set is held only while its VM runs (one that stopped is released); returns
+    the sets the marks are for."""
+    marked_for = set()
+    for key, members in sets.items():
+        if members[0].reclaim_for:
+            marked_for.add(members[0].reclaim_for)
+            assert vm_runs(cluster, key), f"{key} is marked for {members[0].reclaim_for} but its VM stopped"
+    return marked_for
+
+
 def check_no_stopped_borrower_blocks(cluster: Cluster) -> None:
     sets = sets_of(cluster)
     free: Counter[str] = Counter({n.name: n.allocatable.get(A10, 0) for n in cluster.nodes})
@@ -114,12 +125,7 @@ def check_no_stopped_borrower_blocks(cluster: Cluster) -> None:
         if members[0].borrowed:
             since = max(d.since or NOW for d in members).timestamp()
             lent_on.setdefault(members[0].node, []).append((-since, key))
-    marked_for: set[str] = set()
-    for key, members in sets.items():
-        if members[0].reclaim_for:
-            marked_for.add(members[0].reclaim_for)
-            # A marked set is held only while its VM runs: one that stopped is released.
-            assert vm_runs(cluster, key), f"{key} is marked for {members[0].reclaim_for} but its VM stopped"
+    marked_for = check_marks(cluster, sets)
     for key, members in sets.items():
         if not all(d.phase is e.Phase.PENDING for d in members):
             continue

@@ -288,6 +288,8 @@ class LendingPass(ChoosingPass):
     def borrow_choices(self, key: SetKey) -> list[tuple[Choice, dict[str, tuple[int, int, int]]]]:
         """The order's choices that may borrow now (over some limit, within limit plus
         borrowing on every such key), in preference order, with how far over each is."""
+        if not self.limits(key[0]).borrowing:
+            return []  # the tenant's budgets lend it nothing
         members = self.members(key)
         names = {d.name for d in members}
         found = []

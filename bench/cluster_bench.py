@@ -280,6 +280,13 @@ def main() -> None:
         help="the EKS-scale run: only the cold pass, steady passes, passes after 1 changed set, idle answer passes "
         "and this worker's peak RSS (no child processes, no floor SELECTs)",
     )
+    parser.add_argument(
+        "--lending-share",
+        type=float,
+        default=None,
+        help="the lending run: steady pass, pass after 1 changed set and the --orders pass, without lending and "
+        "then with this share of tenants borrowing, side by side (no other measure)",
+    )
     parser.add_argument("--child", choices=("full", "answer"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -322,8 +329,138 @@ def main() -> None:
             measure_scale(args, figures, progress)
             report_scale(figures)
             return
+        if args.lending_share is not None:
+            measure_lending(args, figures, progress)
+            report_lending(args, figures)
+            return
         measure(args, figures, progress, console)
     report(args, figures)
+
+
+#: The generated limits of the budgets :func:`lend` changed, to put back.
+_GENERATED_LIMITS: dict[int, dict[str, int]] = {}
+
+
+def lend(share: float, seed: int) -> dict[str, int]:
+    """``share`` of the tenants (0: none) borrow: each gets a limit per key of 80 % of what it
+    uses now and a borrowing allowance of its whole usage, and every set it holds starts
+    borrowed, so the next pass repays its oldest sets up to the limit and the rest stay
+    borrowed. With 0 the budgets and devices are put back as generated. Returns the counts."""
+    from django.db import transaction
+
+    from binder import models
+    from binder.engine import ledger_for
+    from binder.mirror.read import read_cluster
+
+    with transaction.atomic():
+        for budget in models.GpuBudget.objects.exclude(borrowing={}):
+            budget.limits = _GENERATED_LIMITS.pop(budget.pk, budget.limits)
+            budget.borrowing = {}
+            budget.save(update_fields=["limits", "borrowing"])
+        models.GpuDevice.objects.filter(borrowed=True).update(borrowed=False, reclaim_for="")
+    if share <= 0:
+        return {"tenants": 0, "devices": 0}
+    cluster, _ = read_cluster(datetime_now())
+    ledger = ledger_for(cluster)
+    names = sorted({b.namespace for b in cluster.budgets})
+    chosen = sorted(random.Random(seed).sample(names, round(share * len(names))))
+    devices = 0
+    with transaction.atomic():
+        for ns in chosen:
+            used = {k: v for k, v in ledger.used.get(ns, {}).items() if v}
+            for budget in models.GpuBudget.objects.filter(namespace__name=ns):
+                _GENERATED_LIMITS[budget.pk] = dict(budget.limits)
+                limits = {k: min(v, int(used.get(k, 0) * 0.8)) for k, v in budget.limits.items()}
+                budget.limits, budget.borrowing = limits, {k: max(1, used.get(k, 0)) for k in limits}
+                budget.save(update_fields=["limits", "borrowing"])
+            devices += models.GpuDevice.objects.filter(namespace__name=ns, phase=models.Phase.BOUND).update(
+                borrowed=True
+            )
+    return {"tenants": len(chosen), "devices": devices}
+
+
+def datetime_now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress: Any) -> None:
+    """The same measures without lending and with ``--lending-share`` of tenants borrowing."""
+    from binder import models
+    from binder.runtime import checkpoint
+    from binder.runtime.state import STATE
+
+    out: dict[str, Any] = {}
+    for label, share in (("without", 0.0), ("with", args.lending_share)):
+        rng = random.Random(args.seed + 3)
+        task = progress.add_task(f"lending {label}: prime, steady, 1 set, orders", total=3 + 2 * args.runs)
+        delete_bench_sets()
+        row: dict[str, Any] = {"lent": lend(share, args.seed)}
+        prime, run = timed_pass("full")
+        row["prime"] = {"duration": prime, "written": run.devices_written}
+        timed_pass("full")  # the prime pass's own writes, re-read
+        # A checkpoint of this state, as a worker saves after a rebuild: the fresh worker of the
+        # orders pass then replays only the orders, not the budget and borrowed-flag changes.
+        checkpoint.save(STATE, "lending bench")
+        row["borrowed_devices"] = models.GpuDevice.objects.filter(borrowed=True).count()
+        progress.advance(task)
+        row["steady"] = []
+        for _ in range(args.runs):
+            duration, run = timed_pass("full")
+            row["steady"].append(duration)
+            progress.advance(task)
+        namespaces = generous_tenants()
+        row["one_set"] = []
+        for i in range(args.runs):
+            insert_sets(f"order-one-{i:03d}", 1, rng, namespaces)
+            duration, run = timed_pass("full")
+            row["one_set"].append(duration)
+            progress.advance(task)
+        everyone = list(models.Namespace.objects.values_list("id", flat=True))
+        insert_sets("order", args.orders, rng, everyone)
+        progress.advance(task)
+        row["orders"] = child_result(child_pass(args, "full"))
+        row["orders_borrowed"] = models.GpuDevice.objects.filter(borrowed=True, vm_name__startswith="order").count()
+        progress.advance(task)
+        out[label] = row
+    delete_bench_sets()
+    lend(0.0, args.seed)
+    timed_pass("full")
+    figures["lending"] = out
+
+
+def report_lending(args: argparse.Namespace, f: dict[str, Any]) -> None:
+    c, out, ms = f["counts"], f["lending"], 1000
+    print(
+        f"Cluster: {c['nodes']} nodes ({c['units']} GPU units), {c['devices']} devices in {c['sets']} sets, "
+        f"{c['namespaces']} tenants; PostgreSQL, {os.cpu_count()} CPUs. With lending: "
+        f"{out['with']['lent']['tenants']} tenants ({args.lending_share:.0%}) borrowing, "
+        f"{out['with']['borrowed_devices']} devices borrowed after the first pass.\n"
+    )
+    without, lent = out["without"], out["with"]
+    rows = [
+        (f"steady full pass, median of {len(without['steady'])}", statistics.median(without["steady"]) * ms,
+         statistics.median(lent["steady"]) * ms, "ms"),
+        (f"pass after 1 changed set, median of {len(without['one_set'])}",
+         statistics.median(without["one_set"]) * ms, statistics.median(lent["one_set"]) * ms, "ms"),
+        (f"{args.orders:,} new orders in one pass (fresh worker)", without["orders"]["duration"],
+         lent["orders"]["duration"], "s"),
+    ]  # fmt: skip
+    print(
+        "| measure | without lending | 30 % of tenants borrowing | ratio |".replace(
+            "30", f"{args.lending_share:.0%}"[:-1]
+        )
+    )
+    print("|---|---:|---:|---:|")
+    for name, a, b, unit in rows:
+        digits = 2 if unit == "s" else 1
+        print(f"| {name} | {a:.{digits}f} {unit} | {b:.{digits}f} {unit} | {b / a:.2f}x |")
+    print(
+        f"\nOrders bound / refused: without {without['orders']['bound']} / {without['orders']['refused']}, "
+        f"with {lent['orders']['bound']} / {lent['orders']['refused']} ({lent['orders_borrowed']} devices borrowed)."
+    )
+    print("\n```json\n" + json.dumps(f, indent=1, default=str) + "\n```")
 
 
 def measure_scale(args: argparse.Namespace, figures: dict[str, Any], progress: Any) -> None:

@@ -41,7 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from binder.engine import Cluster, Device, GpuClass, Node, Phase, full_pass, ledger_for
+from binder.engine import Budget, Cluster, Device, GpuClass, Node, Phase, Pod, Vmi, full_pass, ledger_for
+from binder.engine.accounting import Ledger
 from binder.engine.placement import NodeCache
 
 NAMESPACE = "trace"
@@ -186,12 +187,174 @@ def replay(
     }, digest.hexdigest()[:16]
 
 
+#: The lending run: tasks dealt to this many tenants; the even ones have budgets.
+LENDING_TENANTS = 10
+
+
+def _tenant(index: int) -> str:
+    """Three tasks in four go to the limited (even) tenants, round robin, the fourth to an
+    unlimited (odd) one: the limited half asks for more than its fair share while the others
+    leave GPUs idle, which is when lending matters."""
+    half = LENDING_TENANTS // 2
+    if index % 4 == 3:
+        return f"t{2 * ((index // 4) % half) + 1}"
+    return f"t{2 * (index % half)}"
+
+
+def lending_budgets(capacity: dict[str, int], borrowing: bool) -> tuple[Budget, ...]:
+    """Half the tenants (the even ones) limited to their fair share of every model (its
+    GPUs / tenants), with or without a borrowing allowance of the whole model beyond it."""
+    limits = {class_of(m): units // LENDING_TENANTS for m, units in capacity.items()}
+    lend = {class_of(m): units for m, units in capacity.items()} if borrowing else {}
+    return tuple(Budget(_tenant(i), "fair-share", limits, lend) for i in range(0, LENDING_TENANTS, 2))
+
+
+def _order(vm: str, ns: str, task: Task, first: str, created: datetime) -> tuple[Device, ...]:
+    return tuple(Device(ns, f"{vm}-g{i}", first, vm, created=created) for i in range(task.gpus))
+
+
+def _running(ledger: Ledger, key: tuple[str, str], phase: str) -> None:
+    """Give set ``key`` a launcher pod in ``phase`` (Running: its VM runs; Succeeded: stopped)
+    that its VMI's activePods names: what the binder reads through the shared launcher rule."""
+    devices = ledger.devices(key)
+    node = devices[0].node
+    resource = ledger.classes[devices[0].class_name].resource_name
+    uid = f"pod-{key[1]}"
+    vmi = Vmi(key[0], key[1], f"vmi-{key[1]}", {uid: node}, node, "Running", tuple(d.name for d in devices))
+    pod = Pod(key[0], f"virt-launcher-{key[1]}", uid, node, phase, {resource: len(devices)}, key[1])
+    ledger.launcher_pods[key] = [(pod, vmi)]
+    ledger.commit(key, devices)
+
+
+def lending_replay(  # noqa: C901 - one bench run: the replay, then the burst, each a loop
+    nodes: Sequence[tuple[str, str, int]],
+    orders: Sequence[tuple[str, Task]],
+    burst: Sequence[tuple[str, Task]],
+    *,
+    borrowing: bool,
+    stop_every: int,
+    passes: int,
+) -> dict[str, float | int]:
+    """The trace through the engine with budgets (single class, tasks dealt to tenants), in
+    batches of ~1% of capacity; with ``borrowing``, then a burst of entitled orders (of the
+    unlimited tenants) while the borrowed sets' VMs run, one in ``stop_every`` of those still
+    running stopping before each pass, for at most ``passes`` passes."""
+    capacity: dict[str, int] = defaultdict(int)
+    for _, model, gpus in nodes:
+        capacity[model] += gpus
+    total = sum(capacity.values())
+    models = sorted(capacity)
+    classes = tuple(GpuClass(class_of(m), f"alibaba.com/{m}") for m in models)
+    engine_nodes = tuple(Node(name, {f"alibaba.com/{model}": gpus}) for name, model, gpus in nodes)
+    budgets = lending_budgets(dict(capacity), borrowing)
+    rr = weighted_round_robin({m: capacity[m] for m in models})
+    ledger = ledger_for(Cluster(now=_START, classes=classes, nodes=engine_nodes))
+    cache = NodeCache()
+    pending: set[tuple[str, str]] = set()
+    batch_size = max(1, total // 100)
+    seq = 0
+
+    def run(now: datetime) -> None:
+        scope = sorted(pending | set(ledger.borrowed_sets))
+        view = Cluster(
+            now=now,
+            classes=classes,
+            nodes=engine_nodes,
+            devices=tuple(d for key in scope for d in ledger.devices(key)),
+            budgets=budgets,
+        )
+        full_pass(view, ledger, cache, scope)
+        pending.intersection_update({k for k in scope if any(d.phase is not Phase.BOUND for d in ledger.devices(k))})
+        pending.update(k for k in scope if any(d.phase is not Phase.BOUND for d in ledger.devices(k)))
+
+    started = time.perf_counter()
+    index = 0
+    while index < len(orders):
+        asked = 0
+        while index < len(orders) and (asked == 0 or asked + orders[index][1].gpus <= batch_size):
+            vm, task = orders[index]
+            first = class_of(task.models[0]) if task.models else class_of(next(rr))
+            key = (_tenant(index), vm)
+            index += 1
+            asked += task.gpus
+            seq += 1
+            ledger.commit(key, _order(vm, key[0], task, first, _START + timedelta(seconds=seq)))
+            pending.add(key)
+        run(_START + timedelta(seconds=seq))
+    bound = sum(units for resource_units in ledger.device_booked.values() for units in resource_units.values())
+    lent_sets = sorted(ledger.borrowed_sets)
+    figures: dict[str, float | int] = {
+        "allocated_pct": round(100.0 * bound / total, 2),
+        "refused": len(pending),
+        "borrowed_sets": len(lent_sets),
+        "borrowed_gpus": sum(len(ledger.devices(k)) for k in lent_sets),
+    }
+    if not borrowing:
+        figures["engine_s"] = round(time.perf_counter() - started, 3)
+        return figures
+    # The burst: entitled orders of the unlimited tenants, while every borrowed VM runs.
+    running = set(lent_sets)
+    for key in lent_sets:
+        _running(ledger, key, "Running")
+    burst_keys = []
+    for i, (vm, task) in enumerate(burst):
+        first = class_of(task.models[0]) if task.models else class_of(next(rr))
+        key = (_tenant(4 * i + 3), f"burst-{vm}")
+        seq += 1
+        ledger.commit(key, _order(key[1], key[0], task, first, _START + timedelta(seconds=seq)))
+        pending.add(key)
+        burst_keys.append(key)
+    marked: set[tuple[str, str]] = set()
+    released: set[tuple[str, str]] = set()
+    used_passes = 0
+    for number in range(1, passes + 1):
+        used_passes = number
+        if number > 1:
+            # One in ``stop_every`` of the borrowed VMs still running stops (deterministic).
+            for key in sorted(running)[:: max(1, stop_every)]:
+                running.discard(key)
+                if ledger.devices(key) and ledger.devices(key)[0].phase is Phase.BOUND:
+                    _running(ledger, key, "Succeeded")
+        was_lent = set(ledger.borrowed_sets)
+        run(_START + timedelta(seconds=seq + number))
+        marked |= {k for k in ledger.borrowed_sets if any(d.reclaim_for for d in ledger.devices(k))}
+        released |= {
+            k for k in was_lent if k not in ledger.borrowed_sets and ledger.devices(k)[0].phase is Phase.PENDING
+        }
+        if all(all(d.phase is Phase.BOUND for d in ledger.devices(k)) for k in burst_keys):
+            break
+    placed = [k for k in burst_keys if all(d.phase is Phase.BOUND for d in ledger.devices(k))]
+    figures.update(
+        burst_orders=len(burst_keys),
+        burst_gpus=sum(len(ledger.devices(k)) for k in burst_keys),
+        burst_placed=len(placed),
+        burst_placed_gpus=sum(len(ledger.devices(k)) for k in placed),
+        marked_sets=len(marked),
+        reclaimed_sets=len(released),
+        reclaimed_running=len(released - (set(lent_sets) - running)),
+        burst_passes=used_passes,
+        engine_s=round(time.perf_counter() - started, 3),
+    )
+    return figures
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=Path, required=True, help="node list CSV (sn, gpu, model)")
     parser.add_argument("--pods", type=Path, required=True, help="pod list CSV (num_gpu, gpu_milli, gpu_spec, ...)")
     parser.add_argument("--demand", default="0.9,1.0", help="comma-separated demand levels (share of GPU capacity)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
+    parser.add_argument(
+        "--lending",
+        action="store_true",
+        help="also the lending run at demand 1.0: half the tenants at fair-share limits, with and without "
+        "borrowing, then a burst of entitled orders reclaiming borrowed sets as their VMs stop",
+    )
+    parser.add_argument("--burst", type=float, default=0.1, help="lending: the burst's GPUs, a share of capacity")
+    parser.add_argument(
+        "--stop-every", type=int, default=5, help="lending: before each burst pass, 1 in N running borrowed VMs stops"
+    )
+    parser.add_argument("--burst-passes", type=int, default=30, help="lending: passes the burst may take at most")
     args = parser.parse_args(argv)
     tokens = [x.strip() for x in args.demand.split(",") if x.strip()]
     try:
@@ -225,8 +388,44 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{result['engine_s']:>9.3f}  {placed}"
             )
         figures[token] = row
+    out: dict[str, object] = dict(figures)
+    if args.lending:
+        out["lending"] = lending_run(nodes, tasks, capacity, args.burst, args.stop_every, args.burst_passes)
     if args.json:
-        print(json.dumps(figures, sort_keys=True))
+        print(json.dumps(out, sort_keys=True))
+
+
+def lending_run(
+    nodes: Sequence[tuple[str, str, int]],
+    tasks: Sequence[Task],
+    capacity: int,
+    burst: float,
+    stop_every: int,
+    passes: int,
+) -> dict[str, dict[str, float | int]]:
+    """The lending run at demand 1.0, printed, and its figures."""
+    orders = demand_list(tasks, capacity)
+    extra = [(f"b{i}", task) for i, (_, task) in enumerate(demand_list(tasks[::-1], round(burst * capacity)))]
+    print(
+        f"lending, demand 1.0: {LENDING_TENANTS} tenants, the even ones limited to a fair share of every model; "
+        f"burst of {sum(t.gpus for _, t in extra)} GPUs ({len(extra)} entitled orders), 1 in {stop_every} running "
+        f"borrowed VMs stopping before each pass"
+    )
+    result = {}
+    for name, lend in (("without", False), ("with", True)):
+        result[name] = lending_replay(nodes, orders, extra, borrowing=lend, stop_every=stop_every, passes=passes)
+        row = result[name]
+        print(
+            f"  {name:<8} lending: {row['allocated_pct']:>6.2f}% allocated, {row['refused']} orders refused, "
+            f"{row['borrowed_sets']} borrowed sets ({row['borrowed_gpus']} GPUs), {row['engine_s']:.3f} s"
+        )
+    lent = result["with"]
+    print(
+        f"  burst: {lent['burst_placed']}/{lent['burst_orders']} orders ({lent['burst_placed_gpus']}/"
+        f"{lent['burst_gpus']} GPUs) placed in {lent['burst_passes']} passes; {lent['marked_sets']} borrowed sets "
+        f"marked, {lent['reclaimed_sets']} reclaimed, {lent['reclaimed_running']} of them while running"
+    )
+    return result
 
 
 if __name__ == "__main__":

@@ -200,10 +200,11 @@ class GpuDeviceAdmin(MirrorAdmin):
         "phase",
         "node_name",
         "since_age",
+        "lending",
         "reason",
         "parse_error",
     ]
-    list_filter = [ParseErrorFilter, "phase", "class_name", "namespace", "node"]
+    list_filter = [ParseErrorFilter, "phase", "borrowed", "class_name", "namespace", "node"]
     search_fields = ["name", "vm_name", "namespace__name", "node", "reason"]
     list_select_related = ["namespace"]
     # placement belongs to the binder and bind_request to the webhook
@@ -216,8 +217,19 @@ class GpuDeviceAdmin(MirrorAdmin):
         "bind_request",
         "answered_request",
         "answer",
+        "borrowed",
+        "reclaim_for",
     ]
     actions = [run_full_pass]
+
+    @admin.display(description="lending", ordering="borrowed")
+    def lending(self, obj: models.GpuDevice) -> str:
+        """Borrowed beyond the tenant's limits, and the set a mark wants the GPUs back for."""
+        if not obj.borrowed:
+            return ""
+        if obj.reclaim_for:
+            return f"borrowed; marked for {obj.reclaim_for}: waits for its VM to stop"
+        return "borrowed"
 
     @admin.display(description="node", ordering="node")
     def node_name(self, obj: models.GpuDevice) -> str:
@@ -316,14 +328,22 @@ def lost_from(device: models.GpuDevice) -> str:
 
 @admin.register(models.GpuBudget)
 class GpuBudgetAdmin(MirrorAdmin):
-    list_display = ["name", "namespace", "usage_vs_limit", "parse_error"]
+    list_display = ["name", "namespace", "usage_vs_limit", "borrowing_vs_borrowed", "parse_error"]
     list_filter = [ParseErrorFilter, "namespace"]
-    readonly_fields = ["used"]
+    readonly_fields = ["used", "borrowed"]
 
     @admin.display(description="used / limit")
     def usage_vs_limit(self, obj: models.GpuBudget) -> str:
         return format_html_join(
             ", ", "{}: {}/{}", ((k, (obj.used or {}).get(k, 0), v) for k, v in sorted(obj.limits.items()))
+        )
+
+    @admin.display(description="borrowed / borrowing")
+    def borrowing_vs_borrowed(self, obj: models.GpuBudget) -> str:
+        """Units held by borrowed sets against what the budget lets the tenant borrow."""
+        keys = sorted(set(obj.borrowing or {}) | set(obj.borrowed or {}))
+        return format_html_join(
+            ", ", "{}: {}/{}", ((k, (obj.borrowed or {}).get(k, 0), (obj.borrowing or {}).get(k, 0)) for k in keys)
         )
 
 

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.db.models.functions import Coalesce, NullIf
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -90,6 +91,7 @@ class DatabaseCollector(Collector):
         yield from self.pass_metrics()
         yield from self.answer_metrics()
         yield from self.device_metrics()
+        yield from self.lending_metrics()
         yield from queue_metrics()
         yield from self.sync_metrics()
 
@@ -242,6 +244,55 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(
             "gpuplane_lost_sets", "Sets (namespace, VM) with at least one Lost device.", value=lost_sets
         )
+
+    def lending_metrics(self) -> Iterator[Metric]:
+        """Borrowed units per class and tenant (the budgets' ``status.borrowed``, which every
+        full pass writes), sets marked for reclaim and how long the oldest set a mark is for
+        has waited: two queries, a third while some mark exists."""
+        borrowed = GaugeMetricFamily(
+            "gpuplane_borrowed_units",
+            "Units held by borrowed sets (lent beyond the tenant's limit on idle GPUs), by class and tenant.",
+            labels=["class", "namespace"],
+        )
+        per_tenant: dict[str, Mapping[str, int]] = {}
+        for namespace, lent in models.GpuBudget.objects.order_by("namespace__name", "name").values_list(
+            "namespace__name", "borrowed"
+        ):
+            per_tenant.setdefault(namespace, lent or {})  # every budget of a namespace holds the same
+        for namespace, lent in sorted(per_tenant.items()):
+            for key, units in sorted(lent.items()):
+                if "/" not in key:
+                    borrowed.add_metric([key[:MAX_LABEL_LENGTH], namespace], units)
+        yield borrowed
+        marked = set(
+            models.GpuDevice.objects.order_by()
+            .exclude(reclaim_for="")
+            .values_list("namespace_id", "vm_name", "reclaim_for")
+        )
+        yield GaugeMetricFamily(
+            "gpuplane_reclaim_marks",
+            "Borrowed sets marked for reclaim: a waiting set wants their GPUs back once their VM stops.",
+            value=len({(ns, vm) for ns, vm, _ in marked}),
+        )
+        oldest = None
+        targets = Q()
+        for mark in {m for _, _, m in marked}:
+            namespace, _, vm = mark.partition("/")
+            targets |= Q(namespace__name=namespace, vm_name=vm)
+        if marked:
+            for phase, since, created in models.GpuDevice.objects.filter(targets).values_list(
+                "phase", "since", "created"
+            ):
+                began = since if phase == models.Phase.LOST else created
+                if began is not None and (oldest is None or began < oldest):
+                    oldest = began
+        waited = GaugeMetricFamily(
+            "gpuplane_reclaim_mark_oldest_wait_seconds",
+            "How long the longest-waiting set a reclaim mark is for has waited (since its order was created, "
+            "or it went Lost); 0 with no mark.",
+        )
+        waited.add_metric([], (timezone.now() - oldest).total_seconds() if oldest is not None else 0.0)
+        yield waited
 
 
 #: Bounds on ``gpuplane_class_devices``' class label. Tenants choose the class names their

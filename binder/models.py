@@ -167,6 +167,15 @@ class GpuDevice(models.Model):
     )
     answered_request = models.CharField(max_length=128, blank=True)
     answer = models.TextField(blank=True)
+    borrowed = models.BooleanField(
+        default=False, help_text="status.borrowed: held beyond the tenant's limits on idle GPUs (lending)"
+    )
+    reclaim_for = models.CharField(
+        max_length=507,
+        blank=True,
+        default="",
+        help_text="status.reclaimFor: <namespace>/<vm> of the waiting set this borrowed set's GPUs are wanted for",
+    )
     created = models.DateTimeField(null=True, blank=True)
     resource_version = models.CharField(
         max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
@@ -203,14 +212,19 @@ class LostSet(GpuDevice):
 
 
 class GpuBudget(models.Model):
-    """A GPUBudget: a tenant's limits per class key or raw key, and the usage the binder saw."""
+    """A GPUBudget: a tenant's limits per class key or raw key, what it may borrow beyond
+    them while GPUs stand idle, and the usage (and borrowed units) the binder saw."""
 
     NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="budgets")
     name = models.CharField(max_length=253)
     limits = models.JSONField(default=dict, help_text="key -> units; a key with / is a raw resource name")
+    borrowing = models.JSONField(
+        default=dict, blank=True, help_text="key -> units the tenant may hold beyond the key's limit on idle GPUs"
+    )
     used = models.JSONField(default=dict, blank=True)
+    borrowed = models.JSONField(default=dict, blank=True, help_text="status.borrowed: key -> units of borrowed sets")
     resource_version = models.CharField(
         max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
     )

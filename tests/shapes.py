@@ -18,7 +18,7 @@ import yaml
 
 from binder.engine import types as e
 from binder.kube.objects import parse_object
-from binder.mirror.convert import from_parsed
+from binder.mirror.convert import from_parsed, with_lending
 
 #: The real captures, copied into the repository (their SOURCES.md says where each came from),
 #: so a clone with nothing beside it runs the suite.
@@ -46,7 +46,7 @@ def new_uid() -> str:
 
 def engine(obj: dict[str, Any]) -> Any:
     """Parse a Kubernetes object with the project's parser into its engine record."""
-    parsed = parse_object(obj)
+    parsed = with_lending(obj, parse_object(obj))
     assert parsed is not None, obj.get("kind")
     return from_parsed(parsed)
 
@@ -112,6 +112,8 @@ def gpu_obj(
     since: str = "2026-11-29T10:00:00Z",
     created: str = "2026-11-20T10:00:00Z",
     bind_request: str = "",
+    borrowed: bool = False,
+    reclaim_for: str = "",
 ) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "gpuplane.io/v1alpha1",
@@ -127,6 +129,10 @@ def gpu_obj(
     }
     if phase:
         obj["status"] = {"phase": phase, "node": node, "since": since, "reason": "loaded"}
+        if borrowed:
+            obj["status"]["borrowed"] = True
+        if reclaim_for:
+            obj["status"]["reclaimFor"] = reclaim_for
     return obj
 
 
@@ -134,15 +140,16 @@ def gpu(namespace: str, name: str, class_name: str, vm: str, **kwargs: Any) -> e
     return engine(gpu_obj(namespace, name, class_name, vm, **kwargs))  # type: ignore[no-any-return]
 
 
-def budget(namespace: str, limits: dict[str, int], name: str = "gpu-budget") -> e.Budget:
+def budget(
+    namespace: str, limits: dict[str, int], name: str = "gpu-budget", borrowing: dict[str, int] | None = None
+) -> e.Budget:
+    spec: dict[str, Any] = {"limits": limits}
+    if borrowing is not None:
+        spec["borrowing"] = borrowing
     return engine(  # type: ignore[no-any-return]
-        {
-            "apiVersion": "gpuplane.io/v1alpha1",
-            "kind": "GPUBudget",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"limits": limits},
-        }
-    )
+        {"apiVersion": "gpuplane.io/v1alpha1", "kind": "GPUBudget", "metadata": {"name": name, "namespace": namespace},
+         "spec": spec}
+    )  # fmt: skip
 
 
 def vmi_obj(namespace: str, name: str, devices: list[str], active_pods: dict[str, str], node: str) -> dict[str, Any]:
@@ -199,13 +206,18 @@ def plain_pod_obj(namespace: str, name: str, resource: str, units: int, node: st
     return obj
 
 
-def budget_obj(namespace: str, limits: dict[str, int], name: str = "gpu-budget") -> dict[str, Any]:
+def budget_obj(
+    namespace: str, limits: dict[str, int], name: str = "gpu-budget", borrowing: dict[str, int] | None = None
+) -> dict[str, Any]:
     """A GPUBudget object (the same shape :func:`budget` parses), for snapshot files."""
+    spec: dict[str, Any] = {"limits": dict(limits)}
+    if borrowing is not None:
+        spec["borrowing"] = dict(borrowing)
     return {
         "apiVersion": "gpuplane.io/v1alpha1",
         "kind": "GPUBudget",
         "metadata": {"name": name, "namespace": namespace, "uid": new_uid()},
-        "spec": {"limits": dict(limits)},
+        "spec": spec,
     }
 
 

@@ -221,6 +221,8 @@ def test_tenant_reads_own_options_with_token() -> None:
             "remaining": None,
             "clusterFree": 4,  # n3 is cordoned, n1 lacks the label
             "largestSet": 2,
+            "borrowing": None,
+            "borrowable": 0,
         },
         {
             "name": "h100",
@@ -232,6 +234,8 @@ def test_tenant_reads_own_options_with_token() -> None:
             "remaining": 4,
             "clusterFree": 6 + 4,  # n1: 8 − 2 devices; n2: 4; cordoned n3 not counted
             "largestSet": 4,
+            "borrowing": None,
+            "borrowable": 0,
         },
     ]
 
@@ -314,7 +318,7 @@ def test_schema_documents_the_catalog() -> None:
     one_of = schema["components"]["schemas"][answer_ref.rsplit("/", 1)[1]]["oneOf"]
     options, order = one_of
     order_fit = schema["components"]["schemas"][order["$ref"].rsplit("/", 1)[1]]
-    assert set(order_fit["properties"]) == {"devices", "choices", "fits", "className", "reason", "budget"}
+    assert set(order_fit["properties"]) == {"devices", "choices", "fits", "className", "reason", "budget", "borrowed"}
     ref = options["items"]["$ref"]
     component = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert set(component["properties"]) == {
@@ -327,6 +331,8 @@ def test_schema_documents_the_catalog() -> None:
         "remaining",
         "clusterFree",
         "largestSet",
+        "borrowing",
+        "borrowable",
     }
 
 

@@ -480,10 +480,12 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         created=NOW - timedelta(days=3),
         bind_node_selector={"zone": "a"},
         choices=("h100", "a10"),
+        borrowed=True,
+        reclaim_for="t2/waiting",
     )
     assert {f.name for f in dataclasses.fields(e.Device)} == {
         "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
-        "answered_request", "answer", "created", "bind_node_selector", "choices",
+        "answered_request", "answer", "created", "bind_node_selector", "choices", "borrowed", "reclaim_for",
     }  # fmt: skip
     moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
     assert moved == dataclasses.replace(
@@ -493,6 +495,9 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         device.class_name, device.phase, device.node, device.since, device.reason, answered_request="req-2", answer="x"
     )
     assert answered == dataclasses.replace(device, answered_request="req-2", answer="x")
+    repaid = device.placed(device.class_name, device.phase, device.node, device.since, device.reason,
+                           borrowed=False, reclaim_for="")  # fmt: skip
+    assert repaid == dataclasses.replace(device, borrowed=False, reclaim_for="")
 
 
 def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:

@@ -259,7 +259,8 @@ def test_an_empty_database_exports_every_series_at_zero(client: Client) -> None:
 def test_a_scrape_is_a_handful_of_queries(
     client: Client, placed: dict[str, models.PassRun], django_assert_max_num_queries: Any
 ) -> None:
-    with django_assert_max_num_queries(6):  # passes, answers, devices (2), queue, sync status
+    # passes, answers, devices (2), queue, sync status; lending: budgets' borrowed units, marks
+    with django_assert_max_num_queries(8):
         scrape(client)
 
 

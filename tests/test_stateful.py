@@ -1639,7 +1639,8 @@ def ledger_view(ledger: Ledger) -> tuple[dict[str, dict[str, int]], dict[str, di
 
 
 def holding_of_row(row: Mapping[str, Any]) -> Held:
-    ns, kind, subject, uid, key, resource, units, node, phase, vm = (row[c] for c in HOLDING_COLUMNS)
+    ns, kind, subject, uid, key, resource, units, node, phase, vm, borrowed = (row[c] for c in HOLDING_COLUMNS)
+    assert not borrowed, row  # no budget of this machine lends: nothing is ever borrowed
     return (kind, ns, subject, uid, key, resource, units, node, phase, vm)
 
 

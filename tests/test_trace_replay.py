@@ -81,3 +81,28 @@ def test_bad_demand_is_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 2
     assert "--demand must be comma-separated numbers" in run.stderr
+
+
+def test_lending_run_on_a_slice(tmp_path: Path) -> None:
+    """Lending allocates at least what budgets alone do, and a burst of entitled orders takes
+    borrowed sets back only from stopped VMs."""
+    nodes = _rows("openb_node_list_gpu_node")
+    by_model: dict[str, list[dict[str, str]]] = {}
+    for row in nodes:
+        by_model.setdefault(row["model"], []).append(row)
+    slice_nodes = [row for rows in by_model.values() for row in rows[:3]]
+    pods = [p for p in _rows("openb_pod_list_gpuspec33") if p["num_gpu"] != "0" and p["gpu_milli"] == "1000"][:120]
+    node_file = _write(tmp_path / "nodes.csv", slice_nodes)
+    pod_file = _write(tmp_path / "pods.csv", pods)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "trace_replay.py"), "--nodes", str(node_file), "--pods", str(pod_file),
+         "--demand", "1.0", "--lending", "--burst-passes", "10", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    lending = figures["lending"]
+    assert lending["without"]["borrowed_sets"] == 0
+    assert lending["with"]["allocated_pct"] >= lending["without"]["allocated_pct"]
+    assert lending["with"]["borrowed_sets"] > 0
+    assert lending["with"]["reclaimed_running"] == 0
+    assert 0 <= lending["with"]["burst_placed"] <= lending["with"]["burst_orders"]

@@ -47,10 +47,13 @@ def test_usage_current_limits_open_records_and_gpu_hours(cluster: Clock) -> None
     keys = {k["key"]: k for k in body["keys"]}
     # Class key: the 2 devices. Raw key: the devices plus the forged pod's 3 GPUs in full;
     # the real launcher adds nothing (its GPUs are the devices).
-    assert keys["h100"] == {"key": "h100", "kind": "class", "used": 2, "limit": 4, "remaining": 2, "gpuHours": 6.0}
-    assert keys[H100] == {"key": H100, "kind": "raw", "used": 5, "limit": 8, "remaining": 3, "gpuHours": 15.0}
+    nothing_lent = {"borrowing": None, "borrowed": 0, "borrowedGpuHours": 0.0}
+    assert keys["h100"] == {"key": "h100", "kind": "class", "used": 2, "limit": 4, "remaining": 2, "gpuHours": 6.0,
+                            **nothing_lent}  # fmt: skip
+    assert keys[H100] == {"key": H100, "kind": "raw", "used": 5, "limit": 8, "remaining": 3, "gpuHours": 15.0,
+                          **nothing_lent}  # fmt: skip
     # 3 hours: 2 devices (2 h on n1, then 1 h on n3) + the forged pod's 3 GPUs: each GPU once.
-    assert body["gpuHours"] == {"total": 15.0, "devices": 6.0, "pods": 9.0}
+    assert body["gpuHours"] == {"total": 15.0, "devices": 6.0, "pods": 9.0, "borrowed": 0.0}
     assert sorted((r["subject"], r["node"], r["units"]) for r in body["openRecords"]) == [
         ("virt-launcher-vm1-fake1", "n1", FORGED_UNITS),
         ("vm1-gpu0", "n3", 1),
@@ -68,7 +71,7 @@ def test_usage_window_is_clipped_and_defaults_to_30_days(cluster: Clock) -> None
     one_hour = get(
         client, "/api/v1/tenants/t1/usage", **{"from": NOW.isoformat(), "to": (NOW + timedelta(hours=1)).isoformat()}
     )
-    assert one_hour["gpuHours"] == {"total": 5.0, "devices": 2.0, "pods": 3.0}
+    assert one_hour["gpuHours"] == {"total": 5.0, "devices": 2.0, "pods": 3.0, "borrowed": 0.0}
     as_date = get(client, "/api/v1/tenants/t1/usage", **{"from": "2026-11-30", "to": "2026-12-01"})
     assert as_date["gpuHours"]["total"] == 15.0  # the whole history lies inside that day
 
@@ -101,7 +104,7 @@ def test_records_filters_and_pagination(cluster: Clock) -> None:
     first = everything["results"][0]
     assert set(first) == {
         "id", "namespace", "subjectKind", "subject", "subjectUid", "vmName", "key", "resourceName", "units", "node",
-        "phase", "start", "end", "open", "gpuHours", "openedByPass", "closedByPass",
+        "phase", "start", "end", "open", "gpuHours", "openedByPass", "closedByPass", "borrowed",
     }  # fmt: skip
     closed = get(client, url, open="false")
     assert {(r["node"], r["gpuHours"]) for r in closed["results"]} == {("n1", 2.0)}

@@ -9,6 +9,7 @@ storage should never hold) keep the lowest id open, as ``reconcile_usage`` does.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -48,10 +49,13 @@ def raw(pod: str, units: int) -> Holding:
 def test_identity_is_the_row_a_record_stores_and_reads_back_as_the_same_holding() -> None:
     holding = raw("trainer", 2)
     row = identity(holding)
-    assert row == ("team-a", "Pod", "trainer", "uid-trainer", "nvidia.com/A10", "nvidia.com/A10", 2, "n1", "Raw", "")
+    assert row == ("team-a", "Pod", "trainer", "uid-trainer", "nvidia.com/A10", "nvidia.com/A10", 2, "n1", "Raw", "",
+                   False)  # fmt: skip
     assert holding_of(row) == holding
-    assert identity_text(holding) == "\x1f".join(map(str, row))  # what the database builds from the row
-    assert all(type(value) in (str, int) for value in row)  # hashes as the database's strings do
+    # What the database builds from the row (a boolean as PostgreSQL writes it as text).
+    assert identity_text(holding) == "\x1f".join(map(str, row[:-1])) + "\x1ffalse"
+    assert identity_text(dataclasses.replace(holding, borrowed=True)).endswith("\x1ftrue")
+    assert all(type(value) in (str, int, bool) for value in row)  # hashes as the database's strings do
 
 
 def test_records_still_held_pair_off_and_only_the_changes_are_left() -> None:

@@ -26,7 +26,9 @@ from usage.tenancy import NAMESPACE_NAME
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["namespace", "subject_kind", "subject", "vm_name", "key", "units", "node", "phase", "start", "end"]
+    list_display = [
+        "namespace", "subject_kind", "subject", "vm_name", "key", "units", "node", "phase", "borrowed", "start", "end"
+    ]  # fmt: skip
     list_filter = ["phase", "subject_kind", "namespace", "key", ("end", admin.EmptyFieldListFilter)]
     search_fields = ["namespace", "subject", "vm_name", "node"]
     date_hierarchy = "start"

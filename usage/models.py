@@ -83,6 +83,7 @@ class UsageRecord(models.Model):
     units = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     node = models.CharField(max_length=253, blank=True, help_text="empty while Lost")
     phase = models.CharField(max_length=8, choices=RecordPhase.choices)
+    borrowed = models.BooleanField(default=False, help_text="held by a borrowed set (lending)")
     start = models.DateTimeField()
     end = models.DateTimeField(null=True, blank=True, help_text="empty while the record is open")
     opened_by_pass = models.BigIntegerField(null=True, blank=True, help_text="id of the full pass that opened it")

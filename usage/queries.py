@@ -86,30 +86,47 @@ class GpuHours:
     total: float = 0.0
     devices: float = 0.0
     pods: float = 0.0
+    #: The share of the above held by borrowed sets (lending), in total and per key.
+    borrowed: float = 0.0
+    borrowed_per_key: dict[str, float] = field(default_factory=dict)
 
 
 def gpu_hours(namespace: str, start: datetime, end: datetime, now: datetime) -> GpuHours:
     """GPU-hours per key of ``namespace`` in ``[start, end)``: two aggregate queries."""
     records = with_window_seconds(UsageRecord.objects.filter(namespace=namespace), start, end, now)
-    by_key = records.order_by().values("subject_kind", "key").annotate(total=Sum("unit_seconds"))
+    by_key = records.order_by().values("subject_kind", "key", "borrowed").annotate(total=Sum("unit_seconds"))
     by_resource = (
         records.filter(subject_kind=SubjectKind.GPU)
         .order_by()
-        .values("resource_name")
+        .values("resource_name", "borrowed")
         .annotate(total=Sum("unit_seconds"))
     )
     per_key: dict[str, float] = defaultdict(float)
-    devices = pods = 0.0
+    lent: dict[str, float] = defaultdict(float)
+    devices = pods = borrowed = 0.0
     for row in by_key:
         hours = max(0.0, float(row["total"] or 0.0)) / SECONDS_PER_HOUR
         per_key[row["key"]] += hours
+        if row["borrowed"]:
+            lent[row["key"]] += hours
+            borrowed += hours
         if row["subject_kind"] == SubjectKind.GPU:
             devices += hours
         else:
             pods += hours
     for resource_row in by_resource:
-        per_key[resource_row["resource_name"]] += max(0.0, float(resource_row["total"] or 0.0)) / SECONDS_PER_HOUR
-    return GpuHours(per_key=dict(sorted(per_key.items())), total=devices + pods, devices=devices, pods=pods)
+        hours = max(0.0, float(resource_row["total"] or 0.0)) / SECONDS_PER_HOUR
+        per_key[resource_row["resource_name"]] += hours
+        if resource_row["borrowed"]:
+            lent[resource_row["resource_name"]] += hours
+    return GpuHours(
+        per_key=dict(sorted(per_key.items())),
+        total=devices + pods,
+        devices=devices,
+        pods=pods,
+        borrowed=borrowed,
+        borrowed_per_key=dict(sorted(lent.items())),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +139,18 @@ class KeyUsage:
     limit: int | None
     remaining: int | None
     gpu_hours: float
+    borrowing: int | None = None
+    borrowed: int = 0
+    borrowed_gpu_hours: float = 0.0
 
 
 def current_usage(namespace: str) -> tuple[dict[str, int], Limits]:
+    """The tenant's usage per key now and its effective limits (see :func:`current_accounts`)."""
+    used, limits, _ = current_accounts(namespace)
+    return used, limits
+
+
+def current_accounts(namespace: str) -> tuple[dict[str, int], Limits, dict[str, int]]:
     """The tenant's usage per key now and its effective limits.
 
     Reads only the tenant's devices, pods and budgets; the VMIs its GPU pods name are
@@ -136,12 +162,13 @@ def current_usage(namespace: str) -> tuple[dict[str, int], Limits]:
     pods = read_rows("Pod", scope)
     budgets = read_rows("GPUBudget", scope)
     ledger = build_ledger(classes=classes, devices=devices, pods=pods, vmis=fresh_vmis(pods).values())
-    return tenant_usage(ledger, namespace), effective_limits(budgets, engine_settings().default_budget)
+    lent = {k: v for k, v in sorted(ledger.borrowed.get(namespace, {}).items()) if v}
+    return tenant_usage(ledger, namespace), effective_limits(budgets, engine_settings().default_budget), lent
 
 
 def key_usage(namespace: str, hours: GpuHours) -> list[KeyUsage]:
     """Every key the tenant uses, is limited on, or held in the window, sorted."""
-    used, limits = current_usage(namespace)
+    used, limits, lent = current_accounts(namespace)
     keys = sorted(set(used) | set(limits.per_key) | set(hours.per_key))
     rows = []
     for key in keys:
@@ -155,6 +182,9 @@ def key_usage(namespace: str, hours: GpuHours) -> list[KeyUsage]:
                 limit=limit,
                 remaining=remaining(limit, usage),
                 gpu_hours=round(hours.per_key.get(key, 0.0), 6),
+                borrowing=limits.borrowing.get(key),
+                borrowed=lent.get(key, 0),
+                borrowed_gpu_hours=round(hours.borrowed_per_key.get(key, 0.0), 6),
             )
         )
     return rows

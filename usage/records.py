@@ -58,6 +58,7 @@ HOLDING_COLUMNS = (
     "node",
     "phase",
     "vm_name",
+    "borrowed",
 )
 _CHUNK = 5000
 #: A record's :func:`binder.engine.usage.identity_text`, built by PostgreSQL from its row
@@ -365,4 +366,5 @@ def _holding_row(h: Holding) -> tuple[object, ...]:
         h.node,
         h.phase.value,
         h.vm_name,
+        h.borrowed,
     )

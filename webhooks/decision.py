@@ -36,7 +36,8 @@ from binder.engine import (
     build_ledger,
     effective_limits,
 )
-from binder.engine.choices import choices_of
+from binder.engine.choices import choices_of, reclassed
+from binder.engine.fit import borrow_terms
 from binder.engine.matching import term_matches, unmet
 from webhooks.patch import HOSTNAME_LABEL, build_patch, encode_patch, missing_tolerations
 from webhooks.review import (
@@ -214,7 +215,9 @@ def decide(review: Mapping[str, Any] | Review, view: MirrorView) -> Verdict:  # 
             return _deny(r, f"{vmi}: device {DEVICE_PREFIX}{device.name} has {what}")
 
     nodes = {d.node for d in members}
-    if all(d.phase is Phase.BOUND for d in members) and len(nodes) == 1:
+    # A set marked for reclaim is not pinned: its GPUs are wanted by a waiting set, and its
+    # VM is not running yet, so the answer pass releases it and places it as an order.
+    if all(d.phase is Phase.BOUND for d in members) and len(nodes) == 1 and not any(d.reclaim_for for d in members):
         (node,) = nodes
         return _patched(r, view, node)
 
@@ -253,7 +256,15 @@ def advisory_budget_refusal(view: MirrorView, key: tuple[str, str], members: Seq
         dataclasses.replace(d, phase=Phase.BOUND, node="-") if d.phase is Phase.PENDING else d
         for d in sorted(members, key=lambda d: d.key)
     )
-    return budget_refusal(ledger, limits, key, candidate)
+    refusal = budget_refusal(ledger, limits, key, candidate)
+    if refusal and limits.borrowing:
+        # Over its limits, the order may still borrow idle GPUs: the binder decides that.
+        placing = {d.name for d in members if d.phase is Phase.PENDING}
+        for choice in choices_of(candidate[0]) if placing else ():
+            as_choice = reclassed(candidate, placing, choice) if len(candidate[0].choices) > 1 else candidate
+            if borrow_terms(ledger, limits, key, ledger.used_delta(key, as_choice))[0] is None:
+                return None
+    return refusal
 
 
 def conclude(review: Review, view: MirrorView, answers: Mapping[str, str]) -> Verdict:

@@ -12,6 +12,7 @@ import bisect
 from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from binder.engine.launcher import launcher_of, raw_usage
 from binder.engine.types import (
@@ -28,6 +29,8 @@ from binder.engine.types import (
 )
 
 SetKey = tuple[str, str]
+
+_lent = attrgetter("borrowed")
 
 
 def is_raw_key(key: str) -> bool:
@@ -64,6 +67,10 @@ class Limits:
 
     per_key: Mapping[str, int] = field(default_factory=dict)
     deny_rest: bool = False
+    borrowing: Mapping[str, int] = field(default_factory=dict)
+    """The effective borrowing per limited key named in some budget's ``borrowing``: the
+    smallest over the budgets that limit the key, one limiting it without an entry
+    counting 0. A key not here cannot borrow."""
 
     @property
     def unlimited(self) -> bool:
@@ -79,6 +86,10 @@ class Limits:
         """Units of ``key`` still allowed after ``used`` (never negative); None: unlimited."""
         return remaining(self.limit(key), used)
 
+    def allowance(self, key: str) -> int:
+        """Units of ``key`` the tenant may hold beyond its limit by borrowing (0: none)."""
+        return self.borrowing.get(key, 0)
+
 
 def remaining(limit: int | None, used: int) -> int | None:
     """What a limit leaves after ``used``: ``max(0, limit - used)``, None when unlimited.
@@ -87,14 +98,19 @@ def remaining(limit: int | None, used: int) -> int | None:
 
 
 def effective_limits(budgets: Iterable[Budget], default: DefaultBudget) -> Limits:
-    """Merge a namespace's budgets: the smallest limit per key wins."""
+    """Merge a namespace's budgets: the smallest limit per key wins, and likewise the
+    smallest borrowing, where a budget that limits a key without a borrowing entry for it
+    counts 0 (the strictest budget decides, as for limits)."""
     merged: dict[str, int] = {}
-    seen = False
+    budgets = tuple(budgets)
     for budget in budgets:
-        seen = True
         for key, value in budget.limits.items():
             merged[key] = min(merged.get(key, value), value)
-    return Limits(per_key=merged, deny_rest=not seen and default is DefaultBudget.DENY)
+    named = {key for budget in budgets for key in budget.borrowing if key in merged}
+    borrowing: dict[str, int] = {}
+    for key in sorted(named):
+        borrowing[key] = min(b.borrowing.get(key, 0) for b in budgets if key in b.limits)
+    return Limits(per_key=merged, deny_rest=not budgets and default is DefaultBudget.DENY, borrowing=borrowing)
 
 
 @dataclass(slots=True)
@@ -178,6 +194,12 @@ class Ledger:
         self.class_held: dict[Phase, Counter[str]] = {Phase.BOUND: Counter(), Phase.LOST: Counter()}
         #: Node -> the sets with a Bound device there: who an over-booked node can evict.
         self.sets_on: dict[str, set[SetKey]] = defaultdict(set)
+        #: Units per key of each tenant's borrowed sets (lending), and per borrowed set:
+        #: a tenant's own usage is ``used`` less these, and only borrowed sets are listed.
+        self.borrowed: dict[str, Counter[str]] = defaultdict(Counter)
+        self.borrowed_sets: dict[SetKey, dict[str, int]] = {}
+        #: The borrowed sets marked for reclaim (``reclaim_for``), a subset of ``borrowed_sets``.
+        self.marked_sets: set[SetKey] = set()
         self._indexed = False
 
         def find_vmi(namespace: str, name: str) -> Vmi | None:
@@ -209,6 +231,10 @@ class Ledger:
 
     def devices(self, key: SetKey) -> tuple[Device, ...]:
         return self._devices.get(key, ())
+
+    def set_keys(self) -> Iterable[SetKey]:
+        """Every set the ledger holds (an answer pass judging lending looks past its view)."""
+        return self._devices.keys()
 
     def free(self, node: str, resource: str) -> int:
         """Allocatable minus booked; negative when the node is over-booked."""
@@ -292,6 +318,9 @@ class Ledger:
         twin._devices = dict(self._devices)
         twin.class_held = {phase: Counter(held) for phase, held in self.class_held.items()}
         twin.sets_on = defaultdict(set, {k: set(v) for k, v in self.sets_on.items()})
+        twin.borrowed = defaultdict(Counter, {k: Counter(v) for k, v in self.borrowed.items()})
+        twin.borrowed_sets = dict(self.borrowed_sets)
+        twin.marked_sets = set(self.marked_sets)
         twin.by_free = defaultdict(
             dict, {r: {free: list(names) for free, names in buckets.items()} for r, buckets in self.by_free.items()}
         )
@@ -399,6 +428,8 @@ class Ledger:
         """Make ``devices`` the current state of set ``key``."""
         namespace = key[0]
         old = self._contrib.get(key)
+        if key in self.borrowed_sets or any(map(_lent, devices)):
+            self._borrowing(key, devices)
         if old is None and key not in self.launcher_pods and all(d.phase is Phase.PENDING for d in devices):
             # A new order (a catch-up after 10k of them commits 10k): it books and uses
             # nothing, so only its devices are kept, as ``_add_all`` keeps them.
@@ -431,6 +462,29 @@ class Ledger:
             if now != was and node in self.nodes:
                 self._rebucket(node, resource, was, now)
 
+    def _borrowing(self, key: SetKey, devices: Iterable[Device]) -> None:
+        """Set ``key``'s borrowed units are now those of ``devices`` (its held borrowed members)."""
+        tenant = self.borrowed[key[0]]
+        for k, units in self.borrowed_sets.pop(key, {}).items():
+            tenant[k] -= units
+            if not tenant[k]:
+                del tenant[k]
+        lent = [d for d in devices if d.borrowed and d.held]
+        units_now = class_units(lent, self.classes)
+        if units_now:
+            self.borrowed_sets[key] = units_now
+            for k, units in units_now.items():
+                tenant[k] += units
+        if units_now and any(d.reclaim_for for d in lent):
+            self.marked_sets.add(key)
+        else:
+            self.marked_sets.discard(key)
+
+    def own_used(self, namespace: str, key: str) -> int:
+        """The tenant's own usage of ``key``: its usage less the units of its borrowed sets."""
+        lent = self.borrowed.get(namespace)
+        return self.used[namespace][key] - (lent[key] if lent else 0)
+
     def _add_all(self, keys: Iterable[SetKey], sets: Mapping[SetKey, Iterable[Device]]) -> None:  # noqa: C901 - flat: a million devices
         """:meth:`commit` of each set of ``keys`` (its devices in ``sets``) while the ledger
         is built (no set held yet, no free-units index): the sums, the devices' bookings
@@ -447,6 +501,8 @@ class Ledger:
         for key in keys:
             devices = tuple(sets.get(key, ()))
             kept_devices[key] = devices
+            if any(map(_lent, devices)):
+                self._borrowing(key, devices)
             booked: dict[tuple[str, str], int] = {}
             used: dict[str, int] = {}
             for device in devices:

@@ -18,12 +18,12 @@ tenant with no GPUBudget under ``GPUPLANE_DEFAULT_BUDGET=deny``, hides the class
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
 from binder.engine.fit import refuses_new
-from binder.engine.placement import try_order
+from binder.engine.placement import try_order, waiting_resources
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 
@@ -46,6 +46,11 @@ class GpuOption:
     """Free units of the class's resource on nodes that may take new devices of it."""
     largest_set: int
     """The most devices of this class one node could take now (capped by ``remaining``)."""
+    borrowing: int | None = None
+    """The tenant's borrowing allowance of the class key, in units; None when it has none."""
+    borrowable: int = 0
+    """Devices the tenant could borrow now beyond its limits: idle units of the class no
+    entitled set waits for, within limit + borrowing on every key."""
 
 
 def takes_new(node: Node, cls: GpuClass) -> bool:
@@ -71,10 +76,12 @@ def gpu_options(cluster: Cluster, namespace: str, ledger: Ledger | None = None) 
     ledger = ledger if ledger is not None else ledger_for(cluster)
     limits = effective_limits((b for b in cluster.budgets if b.namespace == namespace), cluster.settings.default_budget)
     usage = dict(ledger.used.get(namespace, {}))
+    waited: set[str] | None = None
     options = []
     for cls in sorted(cluster.classes, key=lambda c: c.name):
         keys = {cls.name: limits.limit(cls.name), cls.resource_name: limits.limit(cls.resource_name)}
-        if any(limit is not None and limit <= 0 for limit in keys.values()):
+        lends = any(limits.allowance(k) for k in keys)
+        if any(limit is not None and limit + limits.allowance(k) <= 0 for k, limit in keys.items()):
             continue
         upd = max(1, cls.units_per_device)
         remaining = _remaining(keys, usage, upd)
@@ -82,6 +89,13 @@ def gpu_options(cluster: Cluster, namespace: str, ledger: Ledger | None = None) 
         largest = max((units // upd for units in free), default=0)
         if remaining is not None:
             largest = min(largest, remaining)
+        borrowable = 0
+        if lends:
+            if waited is None:
+                waited = waiting_resources(cluster, ledger)
+            if cls.resource_name not in waited:
+                beyond = _beyond(keys, limits.borrowing, usage)
+                borrowable = min(beyond, max((units // upd for units in free), default=0) * upd) // upd
         options.append(
             GpuOption(
                 name=cls.name,
@@ -93,9 +107,23 @@ def gpu_options(cluster: Cluster, namespace: str, ledger: Ledger | None = None) 
                 remaining=remaining,
                 cluster_free=sum(free),
                 largest_set=largest,
+                borrowing=limits.borrowing.get(cls.name),
+                borrowable=borrowable,
             )
         )
     return options
+
+
+def _beyond(limits: dict[str, int | None], borrowing: Mapping[str, int], usage: dict[str, int]) -> int:
+    """Units the tenant may hold beyond its limits now: the least, over the limited keys,
+    of limit + borrowing − max(usage, limit)."""
+    room: int | None = None
+    for key, limit in limits.items():
+        if limit is None:
+            continue
+        left = max(0, limit + borrowing.get(key, 0) - max(usage.get(key, 0), limit))
+        room = left if room is None else min(room, left)
+    return room or 0
 
 
 #: The VM name of the hypothetical order ``order_fit`` places: no Kubernetes name has a NUL.
@@ -126,6 +154,9 @@ class OrderFit:
     reason: str = ""
     budget: tuple[BudgetUse, ...] = field(default_factory=tuple)
     """The class key and raw key of ``class_name``, when it fits."""
+    borrowed: bool = False
+    """It would be placed by borrowing beyond the tenant's limits, so it may be taken back
+    while its VM is stopped."""
 
 
 def order_fit(
@@ -165,4 +196,4 @@ def order_fit(
     budget = tuple(
         BudgetUse(k, limits.limit(k), usage.get(k, 0), usage.get(k, 0) + adds) for k in (cls.name, cls.resource_name)
     )
-    return OrderFit(devices, names, True, chosen, placed[0].node, reason, budget)
+    return OrderFit(devices, names, True, chosen, placed[0].node, reason, budget, placed[0].borrowed)

@@ -22,6 +22,7 @@ from datetime import datetime
 from binder.engine.accounting import Holding, Ledger, SetKey, effective_limits, ledger_for
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
 from binder.engine.fit import budget_refusal, refuses_new, requested_selector_mismatch
+from binder.engine.lending import RECLAIM_NOTE
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 #: Options ("would fit on X after …") listed per need: enough to act on, short to read.
@@ -112,8 +113,11 @@ class Explanation:
 
     @property
     def summary(self) -> str:
-        """One line: what the set needs and the largest gap (or what else stops it)."""
+        """One line: what the set needs and the largest gap (or what else stops it); first,
+        when the last pass marked borrowed sets for it, that reclaim is what it waits for."""
         parts = list(self.problems)
+        if RECLAIM_NOTE in self.reason:
+            parts.insert(0, f"waits for reclaim: {self.reason.split(RECLAIM_NOTE, 1)[1]}")
         for need in self.needs:
             text = f"needs {need.units} × {need.label} on one node"
             if not need.nodes_offering:

@@ -181,7 +181,9 @@ def is_settled(
     for an answer. Then no step of a full pass acts on it: nothing to restore, gather or
     grow (step 1), its node can keep it (step 2; NotReady nodes count as unsettled even
     inside their grace period, so the clock never has to be consulted), it is neither
-    Lost (step 3) nor an order (step 4), nor asks (step 5). The one step that may still
+    Lost (step 3) nor an order (step 4), nor asks (step 5). A borrowed or marked set may be
+    settled too: repaying, marking and releasing find borrowed sets through the ledger
+    (``Ledger.borrowed_sets``), never through the scope. The one step that may still
     move it is relieving an over-booked node, which finds its residents through the
     ledger, not through the scope. A worker can therefore give :func:`full_pass` only the
     unsettled sets (``scope``) and get the decisions of a pass over everything.
@@ -267,6 +269,43 @@ def _refusal_of(ledger: Ledger, limits: Limits, key: SetKey, more_used: Mapping[
                 f"{used} used, and this set needs {more} more"
             )
     return None
+
+
+def borrow_terms(
+    ledger: Ledger, limits: Limits, key: SetKey, more_used: Mapping[str, int]
+) -> tuple[str | None, dict[str, tuple[int, int, int]]]:
+    """Whether a change adding ``more_used`` to the tenant of set ``key`` may borrow: (None,
+    the keys it takes beyond their limits, each with (units over, limit, borrowing)) when
+    every over-limit key has a borrowing allowance that covers it, else (why not, {}).
+    A change within every limit gives (None, {})."""
+    namespace = key[0]
+    over: dict[str, tuple[int, int, int]] = {}
+    for budget_key in sorted(more_used):
+        more = more_used[budget_key]
+        limit = limits.limit(budget_key)
+        if more <= 0 or limit is None:
+            continue
+        used = ledger.used[namespace][budget_key]
+        if used + more <= limit:
+            continue
+        allowance = limits.allowance(budget_key)
+        kind = "raw" if is_raw_key(budget_key) else "class"
+        if not allowance:
+            return f"{kind} key {budget_key} has limit {limit} and no borrowing, {used} used", {}
+        if used + more > limit + allowance:
+            return (
+                f"{kind} key {budget_key} has limit {limit} and borrowing {allowance}, {used} used, "
+                f"and this set needs {more} more",
+                {},
+            )
+        over[budget_key] = (used + more - limit, limit, allowance)
+    return None, over
+
+
+def describe_overage(over: Mapping[str, tuple[int, int, int]]) -> str:
+    """``h100 by 2 (limit 4, borrowing 4)``: how far a borrowed set is over its limits."""
+    return ", ".join(f"{k} by {n} (limit {limit}, borrowing {allowance})" for k, (n, limit, allowance) in sorted(
+        over.items()))  # fmt: skip
 
 
 def selector_mismatch(node: Node, classes: Iterable[GpuClass]) -> str | None:

@@ -340,12 +340,10 @@ class PassState:
                 before = original[device.name]
                 if device is before:
                     continue
-                if (before.phase, before.node) == (device.phase, device.node):
-                    if device.since != before.since:
-                        device = device.placed(
-                            device.class_name, device.phase, device.node, before.since, device.reason
-                        )
-                else:
+                if (before.phase, before.node) == (device.phase, device.node) and device.since != before.since:
+                    device = device.placed(device.class_name, device.phase, device.node, before.since, device.reason)
+                if (before.phase, before.node, before.borrowed) != (device.phase, device.node, device.borrowed):
+                    # A placement change, or a set that stops (or starts) borrowing where it is.
                     changes.append(
                         Change(
                             namespace=device.namespace,
@@ -362,11 +360,14 @@ class PassState:
                     devices.append(device)
         class_status: dict[str, ClassStatus] = {}
         budget_used: dict[tuple[str, str], dict[str, int]] = {}
+        budget_borrowed: dict[tuple[str, str], dict[str, int]] = {}
         if with_status:
             class_status = self.class_status()
             for budget in sorted(self.budgets, key=lambda b: (b.namespace, b.name)):
                 used = self.ledger.used.get(budget.namespace, Counter())
                 budget_used[(budget.namespace, budget.name)] = {k: used[k] for k in sorted(budget.limits)}
+                lent = self.ledger.borrowed.get(budget.namespace, Counter())
+                budget_borrowed[(budget.namespace, budget.name)] = {k: v for k, v in sorted(lent.items()) if v}
         self.counts[Outcome.REFUSED] = len(self.refused)
         return PassResult(
             devices=tuple(devices),
@@ -375,6 +376,7 @@ class PassState:
             class_status=class_status,
             budget_used=budget_used,
             answered=tuple(self.answered),
+            budget_borrowed=budget_borrowed,
         )
 
     def class_status(self) -> dict[str, ClassStatus]:

@@ -26,7 +26,6 @@ from binder.engine.choices import (
     placed_as,
     spec_class,
 )
-from binder.engine.choosing import ChoosingPass
 from binder.engine.fit import (
     EligibleKey,
     NodeCache,
@@ -39,6 +38,7 @@ from binder.engine.fit import (
     selector_mismatch,
     untolerated_taint,
 )
+from binder.engine.lending import LendingPass
 from binder.engine.pass_state import REASON_BOUND, PassState
 from binder.engine.types import (
     Cluster,
@@ -120,6 +120,7 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     it needs). ``cache`` as for :func:`full_pass`.
     """
     run = _Pass(cluster, ledger, cache)
+    run.whole_view = False
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -131,14 +132,27 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
 def try_order(cluster: Cluster, key: SetKey, ledger: Ledger | None = None) -> tuple[Device, ...]:
     """The members of the order ``key`` (all Pending, in ``cluster`` or in ``ledger``, which
     the pass changes) as binding new orders would place them now, with nothing else moved:
-    the catalog's "would it fit, and as which class" answered by the binder's own rules."""
+    the catalog's "would it fit, and as which class" answered by the binder's own rules
+    (borrowing, as an answer pass would, only onto room no entitled set waits for)."""
     run = _Pass(cluster, ledger=ledger, scope=[key])
+    run.whole_view = False
     if cluster.settings.enabled:
+        waiting = run.waiting_at_start() if run.lending else set()
         run.bind_order(key)
+        if run.lending and all(d.phase is Phase.PENDING for d in run.members(key)) and run.borrow_choices(key):
+            run.bind_borrowing(key, waiting)
     return run.members(key)
 
 
-class _Pass(ChoosingPass):
+def waiting_resources(cluster: Cluster, ledger: Ledger | None = None) -> set[str]:
+    """The resources entitled sets (Lost sets, orders within budget) wait for room of now:
+    what a borrowing order may not take (the catalog's "what could be borrowed now")."""
+    run = _Pass(cluster, ledger=ledger)
+    run.whole_view = False
+    return run.waiting_at_start()
+
+
+class _Pass(LendingPass):
     """One pass: the steps, in order, over the working state."""
 
     # -- step 1: restore sets ------------------------------------------------------------
@@ -320,7 +334,11 @@ class _Pass(ChoosingPass):
         """Put the held members of ``key`` on the best node, or send them all to Lost.
 
         A set with alternatives tries its choices in order (keeping its class when a
-        launcher holds it): the first one with room wins."""
+        launcher holds it): the first one with room wins. A borrowed set is never Lost
+        (:meth:`move_borrowed`)."""
+        if self.lending and any(d.borrowed for d in held):
+            self.move_borrowed(key, held, placed, lost, exclude=exclude, prefer=prefer)
+            return
         choices = self.move_choices(key)
         choice, notes = "", list[tuple[str, str]]()
         if choices is None:
@@ -390,8 +408,37 @@ class _Pass(ChoosingPass):
             members = self.members(key)
             if all(d.phase is Phase.PENDING for d in members):
                 orders.append((min(d.created or _EPOCH for d in members), key))
-        for _, key in sorted(orders):
+        if not self.lending:
+            for _, key in sorted(orders):
+                self.bind_order(key)
+            return
+        self.bind_orders_lending([key for _, key in sorted(orders)])
+
+    def bind_orders_lending(self, orders: Sequence[SetKey]) -> None:
+        """Step 4 with lending: repay, then every within-budget order (oldest first), then
+        the orders that may borrow, only onto room no entitled set still waits for; then
+        reclaim for the entitled sets still waiting."""
+        self.repay()
+        entitled: list[SetKey] = []
+        borrowers: list[SetKey] = []
+        for key in orders:
+            if key in self.released_now:
+                continue
             self.bind_order(key)
+            if not all(d.phase is Phase.PENDING for d in self.members(key)):
+                continue
+            if self.entitled_order(key):
+                entitled.append(key)
+            if self.borrow_choices(key):
+                borrowers.append(key)
+        waiting: set[str] = set()
+        for key in [*self.lost_sets(), *entitled]:
+            # Each was just tried (step 3, or the orders above) and found no room.
+            waiting |= self.entitled_waits(key, room_checked=True)
+        for key in borrowers:
+            if all(d.phase is Phase.PENDING for d in self.members(key)):
+                self.bind_borrowing(key, waiting)
+        self.reclaim(entitled)
 
     def bind_order(self, key: SetKey) -> None:
         members = self.members(key)
@@ -463,12 +510,22 @@ class _Pass(ChoosingPass):
         held = [d for d in members if d.held]
         if len({(d.phase, d.node) for d in held}) > 1:
             return
+        if self.lending and held and any(d.reclaim_for for d in held) and not self.vm_running(key):
+            # A marked set whose VM starts again gives its GPUs to the set they were marked
+            # for, and is placed as an order (borrowing only where nobody waits).
+            mark = next(d.reclaim_for for d in held if d.reclaim_for)
+            self.waiting_at_start()  # judged before the release frees the room
+            self.release(key, f"its borrowed GPUs were taken back for {mark}, which waited for them", mark)
+            held = []
         if held and held[0].phase is Phase.BOUND:
             self.grow(key, allow_move=False)
         elif held:
             self.rebind(key)
         else:
             self.bind_order(key)
+            members = self.members(key)
+            if self.lending and all(d.phase is Phase.PENDING for d in members) and self.borrow_choices(key):
+                self.bind_borrowing(key, self.waiting_at_start())
 
     # -- step 5: answer ------------------------------------------------------------------
 

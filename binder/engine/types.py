@@ -224,6 +224,12 @@ class Device:
     ``spec.alternativeClassNames``; empty when it lists no alternatives. ``class_name`` is
     the class the engine books the device by: the one it is held as while Bound or Lost
     (``status.className``), ``spec.className`` while Pending."""
+    borrowed: bool = False
+    """``status.borrowed``: the set is held beyond its tenant's limits on GPUs no entitled
+    set was waiting for (lending), so it may be taken back while its VM is not running."""
+    reclaim_for: str = ""
+    """``status.reclaimFor``: ``<namespace>/<vm>`` of the waiting set this borrowed set's
+    GPUs are wanted back for; empty while nobody waits for them."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -250,10 +256,12 @@ class Device:
         reason: str,
         answered_request: str | None = None,
         answer: str | None = None,
+        borrowed: bool | None = None,
+        reclaim_for: str | None = None,
     ) -> Device:
-        """This device with the fields a pass decides (``answered_request`` and ``answer``
-        kept unless given): what ``dataclasses.replace`` gives, in half its time (a pass
-        binding 10k orders copies some 50k records). Every other field is carried over;
+        """This device with the fields a pass decides (``answered_request``, ``answer``,
+        ``borrowed`` and ``reclaim_for`` kept unless given): what ``dataclasses.replace``
+        gives, in half its time (a pass binding 10k orders copies some 50k records). Every other field is carried over;
         ``tests/test_engine.py`` holds the two equal for every field."""
         return Device(
             self.namespace,
@@ -270,16 +278,21 @@ class Device:
             self.created,
             self.bind_node_selector,
             self.choices,
+            self.borrowed if borrowed is None else borrowed,
+            self.reclaim_for if reclaim_for is None else reclaim_for,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """One GPUBudget: limits per key (a class name, or a raw resource name with a ``/``)."""
+    """One GPUBudget: limits per key (a class name, or a raw resource name with a ``/``),
+    and ``borrowing``: units per key the tenant may hold beyond that key's limit while
+    no entitled set waits for the GPUs (lending)."""
 
     namespace: str
     name: str
     limits: Mapping[str, int] = field(default_factory=dict)
+    borrowing: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +412,9 @@ class PassResult:
     budget_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
     answered: tuple[tuple[str, str], ...] = ()
     """(namespace, name) of every device whose bind request this pass answered."""
+    budget_borrowed: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    """GPUBudget ``status.borrowed`` per budget: units of the tenant's borrowed sets per key
+    (keys with zero left out), beside ``budget_used``."""
 
 
 quick_records(Taint, Toleration, GpuClass, Node, Device, Budget, Vmi, Pod, Change)

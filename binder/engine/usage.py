@@ -68,6 +68,8 @@ class Holding:
     phase: RecordPhase
     vm_name: str = ""
     since: datetime | None = field(default=None, compare=False)
+    borrowed: bool = False
+    """Held by a borrowed set (lending): a set repaid or released starts a new record."""
 
     @property
     def subject_key(self) -> tuple[str, str, str, str, str]:
@@ -159,6 +161,7 @@ def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) 
                 phase=RecordPhase.BOUND if bound else RecordPhase.LOST,
                 vm_name=device.vm_name,
                 since=device.since,
+                borrowed=device.borrowed,
             )
         )
     return found
@@ -288,7 +291,7 @@ def reconcile_usage(
 
 #: A holding as its open record's row stores it: the identity fields in order, the two
 #: enums by value (a ``StrEnum`` member hashes by its name, which is not its value).
-Identity = tuple[str, str, str, str, str, str, int, str, str, str]
+Identity = tuple[str, str, str, str, str, str, int, str, str, str, bool]
 #: An open record as read for a full reconciliation: its id and a key of what it holds
 #: (its :data:`Identity`, or its :func:`identity_text`), nothing else.
 RecordRow = tuple[int, Hashable]
@@ -307,15 +310,17 @@ def identity(holding: Holding) -> Identity:
         holding.node,
         holding.phase.value,
         holding.vm_name,
+        holding.borrowed,
     )
 
 
 def holding_of(row: Identity, since: datetime | None = None) -> Holding:
     """The holding an open record's row stands for."""
-    namespace, kind, subject, uid, key, resource, units, node, phase, vm = row
+    namespace, kind, subject, uid, key, resource, units, node, phase, vm, borrowed = row
     return Holding(
-        namespace, SubjectKind(kind), subject, uid, key, resource, units, node, RecordPhase(phase), vm, since
-    )
+        namespace, SubjectKind(kind), subject, uid, key, resource, units, node, RecordPhase(phase), vm, since,
+        bool(borrowed),
+    )  # fmt: skip
 
 
 #: Between the fields of an :func:`identity_text` (no Kubernetes name, class name or
@@ -332,7 +337,8 @@ def identity_text(holding: Holding) -> str:
     hashing a million rows of ten fresh strings each was most of what it cost.
     """
     h = holding  # an f-string formats the StrEnums by value in C: a third faster than a join
-    return f"{h.namespace}\x1f{h.subject_kind}\x1f{h.subject}\x1f{h.subject_uid}\x1f{h.key}\x1f{h.resource_name}\x1f{h.units}\x1f{h.node}\x1f{h.phase}\x1f{h.vm_name}"  # noqa: E501
+    lent = "true" if h.borrowed else "false"  # as PostgreSQL writes a boolean as text
+    return f"{h.namespace}\x1f{h.subject_kind}\x1f{h.subject}\x1f{h.subject_uid}\x1f{h.key}\x1f{h.resource_name}\x1f{h.units}\x1f{h.node}\x1f{h.phase}\x1f{h.vm_name}\x1f{lent}"  # noqa: E501
 
 
 def pair_off(
@@ -407,7 +413,7 @@ def _since(h: Holding, since: datetime | None) -> Holding:
     """``h`` beginning at ``since`` (the quick constructor: see ``quick_records``)."""
     return Holding(
         h.namespace, h.subject_kind, h.subject, h.subject_uid, h.key, h.resource_name, h.units, h.node, h.phase,
-        h.vm_name, since,
+        h.vm_name, since, h.borrowed,
     )  # fmt: skip
 
 

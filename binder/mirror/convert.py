@@ -14,6 +14,7 @@ from sys import intern
 from typing import Any
 
 from binder.engine import types as e
+from binder.kube.fields import Reader
 from binder.kube.objects import Parsed
 
 Values = Mapping[str, Any]
@@ -99,6 +100,8 @@ def device_from(
     bind_node_selector: Values | None = None,
     alternative_class_names: list[str] | None = None,
     status_class_name: str = "",
+    borrowed: bool = False,
+    reclaim_for: str = "",
 ) -> e.Device:
     phase_ = PHASES[phase]
     choices: tuple[str, ...] = ()
@@ -126,6 +129,8 @@ def device_from(
         _created(created),
         dict(bind_node_selector) if bind_node_selector else _NO_SELECTOR,
         choices,
+        bool(borrowed) and phase_ is not e.Phase.PENDING,
+        intern(reclaim_for) if reclaim_for and phase_ is not e.Phase.PENDING else "",
     )
 
 
@@ -178,8 +183,41 @@ def node_from(
     return e.Node(intern(name), allocatable_, _strings(labels), unschedulable, ready, ready_since, taints_from(taints))
 
 
-def budget_from(namespace: str, name: str, limits: Values | None) -> e.Budget:
-    return e.Budget(namespace, name, _ints(limits))
+def budget_from(namespace: str, name: str, limits: Values | None, borrowing: Values | None = None) -> e.Budget:
+    return e.Budget(namespace, name, _ints(limits), _ints(borrowing) if borrowing else _NO_BORROWING)
+
+
+#: The borrowing of every budget without one, shared (records are never mutated).
+_NO_BORROWING: dict[str, int] = {}
+
+#: ``<namespace>/<vm>``: a namespace (63) and a DNS-1123 subdomain (253).
+RECLAIM_FOR_MAX = 63 + 1 + 253
+
+
+def with_lending(obj: Mapping[str, Any], parsed: Parsed | None) -> Parsed | None:
+    """``parsed`` with the lending fields of its object: a GPUBudget's ``spec.borrowing``
+    (units per key, none negative) and a GPU's ``status.borrowed`` and ``status.reclaimFor``.
+
+    Read here, beside the object parser, for the snapshot loader and the tests; values the
+    parser already read are kept. Raises :class:`~binder.kube.fields.ObjectError` naming
+    the field, as the parser does.
+    """
+    if parsed is None:
+        return None
+    r = Reader(obj)
+    if parsed.kind == "GPUBudget" and "borrowing" not in parsed.values:
+        parsed.values["borrowing"] = {
+            r.key("spec.borrowing", k): r.count(f"spec.borrowing[{k}]", v, minimum=0)
+            for k, v in r.mapping("spec.borrowing").items()
+        }
+    elif parsed.kind == "GPU" and "borrowed" not in parsed.values:
+        held = parsed.values.get("phase") in ("Bound", "Lost")
+        parsed.values["borrowed"] = r.boolean("status.borrowed") and held
+        mark = r.string("status.reclaimFor", max_length=RECLAIM_FOR_MAX)
+        if mark and "/" not in mark:
+            raise r.fail("status.reclaimFor", f"must be <namespace>/<vm>, got {mark!r}")
+        parsed.values["reclaim_for"] = mark if held else ""
+    return parsed
 
 
 def vmi_from(
@@ -220,11 +258,13 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "bind_node_selector",
             "alternative_class_names",
             "status_class_name",
+            "borrowed",
+            "reclaim_for",
         ),
     ),
     "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),
     "Node": (node_from, ("allocatable", "labels", "unschedulable", "ready", "ready_since", "taints")),
-    "GPUBudget": (budget_from, ("limits",)),
+    "GPUBudget": (budget_from, ("limits", "borrowing")),
     "VirtualMachineInstance": (
         vmi_from,
         ("uid", "active_pods", "node", "phase", "device_names"),
@@ -236,4 +276,13 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
 def from_parsed(parsed: Parsed) -> Any:
     """The engine record of a parsed Kubernetes object (tests and the cluster sync use it)."""
     convert, fields = CONVERTERS[parsed.kind]
-    return convert(parsed.namespace, parsed.name, *(parsed.values[f] for f in fields))
+    # The lending fields may be missing from an object parser that does not read them:
+    # then nothing is borrowed, marked or allowed to borrow.
+    values = parsed.values
+    return convert(
+        parsed.namespace, parsed.name, *(values[f] if f in values or f not in LENDING_FIELDS else None for f in fields)
+    )
+
+
+#: Fields a parsed object may lack (see :func:`with_lending`); read as nothing.
+LENDING_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for"})

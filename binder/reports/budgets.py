@@ -4,13 +4,15 @@ The numbers are the engine's: usage from the one ledger (devices Bound or Lost, 
 pods' raw usage as the shared launcher reader decides it) and limits merged by
 ``effective_limits`` (the smallest limit per key wins; ``GPUPLANE_DEFAULT_BUDGET=deny``
 limits every key of a tenant without a budget to zero). The binder enforces exactly
-these, so a bar at 100 % means the next order of that key is refused.
+these, so a bar at 100 % means the next order of that key is refused, unless the budget
+lets the tenant borrow idle GPUs beyond it (shown beside: the allowance and what its
+borrowed sets hold now).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from binder.engine import effective_limits, ledger_for, tenant_usage
@@ -26,6 +28,11 @@ class KeyBar:
     raw: bool
     used: int
     limit: int | None
+    borrowing: int = 0
+    """Units the tenant may hold beyond the limit on idle GPUs (lending; 0: none)."""
+    borrowed: int = 0
+    """Units of ``used`` held by borrowed sets (lent beyond the limit, taken back only while
+    their VM is stopped)."""
 
     @property
     def percent(self) -> int:
@@ -77,12 +84,16 @@ def budget_bars(cluster: e.Cluster, namespaces: Iterable[str] = ()) -> list[Tena
     for namespace in sorted(tenants):
         used = tenant_usage(ledger, namespace)
         limits = effective_limits(budgets.get(namespace, ()), cluster.settings.default_budget)
+        lent: Mapping[str, int] = ledger.borrowed.get(namespace, {})
         keys = sorted(set(used) | set(limits.per_key), key=lambda k: (is_raw_key(k), k))
         out.append(
             TenantBudget(
                 namespace=namespace,
                 budgets=tuple(sorted(b.name for b in budgets.get(namespace, ()))),
-                keys=tuple(KeyBar(k, is_raw_key(k), used.get(k, 0), limits.limit(k)) for k in keys),
+                keys=tuple(
+                    KeyBar(k, is_raw_key(k), used.get(k, 0), limits.limit(k), limits.allowance(k), lent.get(k, 0))
+                    for k in keys
+                ),
                 denied_by_default=limits.deny_rest,
             )
         )

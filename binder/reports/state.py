@@ -33,6 +33,8 @@ def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
             "node": d.node,
             "reason": d.reason,
             **({"choices": list(d.choices)} if len(d.choices) > 1 else {}),
+            **({"borrowed": True} if d.borrowed else {}),
+            **({"reclaimFor": d.reclaim_for} if d.reclaim_for else {}),
         }
         for d in sorted(cluster.devices, key=lambda d: d.key)
     ]
@@ -57,14 +59,18 @@ def cluster_state(cluster: e.Cluster | None = None) -> dict[str, Any]:
         budgets[budget.namespace].append(budget)
     namespaces = set(models.Namespace.objects.values_list("name", flat=True))
     namespaces |= {d.namespace for d in cluster.devices} | set(budgets)
-    tenants = [
-        {
+    tenants = []
+    for ns in sorted(namespaces):
+        limits = effective_limits(budgets.get(ns, ()), cluster.settings.default_budget)
+        tenant: dict[str, Any] = {
             "namespace": ns,
             "usage": tenant_usage(ledger, ns),
-            "limits": dict(
-                sorted(effective_limits(budgets.get(ns, ()), cluster.settings.default_budget).per_key.items())
-            ),
+            "limits": dict(sorted(limits.per_key.items())),
         }
-        for ns in sorted(namespaces)
-    ]
+        if any(b.borrowing for b in budgets.get(ns, ())):
+            tenant["borrowing"] = dict(sorted(limits.borrowing.items()))
+        borrowed = {k: v for k, v in sorted(ledger.borrowed.get(ns, {}).items()) if v}
+        if borrowed:
+            tenant["borrowed"] = borrowed
+        tenants.append(tenant)
     return {"devices": devices, "nodes": nodes, "tenants": tenants}

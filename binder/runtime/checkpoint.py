@@ -61,8 +61,9 @@ from binder.runtime.state import STATE, ClusterState
 
 log = logging.getLogger(__name__)
 
-#: Bump when the payload's shape changes (its keys, or what a key holds).
-SCHEMA_VERSION = 2
+#: Bump when the payload's shape changes (its keys, or what a key holds). 3: the ledger keeps
+#: its borrowed and marked sets (lending), instance attributes the layout below does not see.
+SCHEMA_VERSION = 3
 #: The ``FeedReader`` row that keeps the newest checkpoint's feed entries from pruning.
 READER = "checkpoint"
 

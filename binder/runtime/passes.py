@@ -53,7 +53,8 @@ FREEZE_AT_DEVICES = 50_000
 DECISION_TYPES = ("int8", "varchar", "varchar", "varchar", "varchar", "varchar", "varchar", "varchar", "text",
                   "timestamptz")  # fmt: skip
 #: The columns of the device writes a pass COPYs (see ``_write_postgresql``).
-DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varchar", "text", "varchar")
+DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varchar", "text", "varchar", "bool",
+                      "varchar")  # fmt: skip
 #: A phase's value without the enum's descriptor (26k lookups for 10k new orders).
 PHASE_VALUES = {phase: phase.value for phase in e.Phase}
 #: From this many changed devices a pass writes them through COPY (``_copy_device_writes``).
@@ -68,17 +69,20 @@ LARGE_UPDATE_SETTINGS_RESET = (
 #: The device UPDATE of a pass, from a source ``v`` of the written fields (``FROM`` follows).
 DEVICE_UPDATE = (
     "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
-    " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as FROM "
+    " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as,"
+    " borrowed = v.borrowed, reclaim_for = v.reclaim_for FROM "
 )
 #: A large pass's device UPDATE, from the rows it COPYed (``_copy_device_writes``).
 DEVICE_UPDATE_FROM_COPY = DEVICE_UPDATE + "gpuplane_device_writes AS v WHERE d.id = v.id"
 #: The table of the transaction a large pass COPYs its device writes into.
 DEVICE_WRITES_TABLE = (
     "CREATE TEMP TABLE gpuplane_device_writes (id bigint, phase varchar, node varchar, since timestamptz,"
-    " reason text, answered_request varchar, answer text, held_as varchar) ON COMMIT DROP"
+    " reason text, answered_request varchar, answer text, held_as varchar, borrowed boolean, reclaim_for varchar)"
+    " ON COMMIT DROP"
 )
 #: The fields a pass may write on a device.
-PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer", "status_class_name")
+PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer", "status_class_name", "borrowed",
+                    "reclaim_for")  # fmt: skip
 
 ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,
@@ -236,6 +240,11 @@ def _write_own(
     """``write_result``, noting which feed entries the writes made: the worker's state
     holds them after the pass (see :class:`~binder.runtime.feed.OwnWrites`)."""
     _, after = own_feed_position()
+    if state.borrowed_written is not None:
+        written = state.borrowed_written
+        result = dataclasses.replace(
+            result, budget_borrowed={k: v for k, v in result.budget_borrowed.items() if written.get(k) != v}
+        )
     write_result(run, result, ids, state.status_written, meanwhile)
     xid, upto = own_feed_position()
     return OwnWrites(xid=xid, after=after, upto=upto)
@@ -435,6 +444,15 @@ def _write_statements(
                 " AND b.used IS DISTINCT FROM v.used",
                 [[k[0] for k, _ in budgets], [k[1] for k, _ in budgets], [Jsonb(dict(u)) for _, u in budgets]],
             )
+        if result.budget_borrowed:
+            lent = list(result.budget_borrowed.items())
+            binary.execute(
+                "UPDATE binder_gpubudget AS b SET borrowed = v.borrowed FROM binder_namespace AS n,"
+                " unnest(%b::text[], %b::text[], %b::jsonb[]) AS v(ns, name, borrowed)"
+                " WHERE n.id = b.namespace_id AND n.name = v.ns AND b.name = v.name"
+                " AND b.borrowed IS DISTINCT FROM v.borrowed",
+                [[k[0] for k, _ in lent], [k[1] for k, _ in lent], [Jsonb(dict(u)) for _, u in lent]],
+            )
 
 
 def _beside(database: Callable[[], None], meanwhile: Callable[[], None]) -> None:
@@ -495,8 +513,8 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
         return
     binary.execute(
         DEVICE_UPDATE + "unnest(%b::bigint[], %b::varchar[], %b::varchar[], %b::timestamptz[], %b::text[],"
-        " %b::varchar[], %b::text[], %b::varchar[])"
-        " AS v(id, phase, node, since, reason, answered_request, answer, held_as)"
+        " %b::varchar[], %b::text[], %b::varchar[], %b::boolean[], %b::varchar[])"
+        " AS v(id, phase, node, since, reason, answered_request, answer, held_as, borrowed, reclaim_for)"
         " WHERE d.id = v.id",
         [
             [i for i, _ in changed],
@@ -507,6 +525,8 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
             [d.answered_request for _, d in changed],
             [d.answer for _, d in changed],
             [held_as(d) for _, d in changed],
+            [d.borrowed for _, d in changed],
+            [d.reclaim_for for _, d in changed],
         ],
     )
 
@@ -531,7 +551,10 @@ def _copy_device_writes(raw: psycopg.Cursor[Any], changed: list[tuple[int, e.Dev
         copy.set_types(DEVICE_WRITE_TYPES)
         for row_id, d in changed:
             phase = PHASE_VALUES[d.phase]
-            copy.write_row((row_id, phase, d.node, d.since, d.reason, d.answered_request, d.answer, held_as(d)))
+            copy.write_row(
+                (row_id, phase, d.node, d.since, d.reason, d.answered_request, d.answer, held_as(d), d.borrowed,
+                 d.reclaim_for)
+            )  # fmt: skip
     return True
 
 
@@ -547,6 +570,8 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
             answered_request=d.answered_request,
             answer=d.answer,
             status_class_name=held_as(d),
+            borrowed=d.borrowed,
+            reclaim_for=d.reclaim_for,
         )
         for row_id, d in changed
     ]
@@ -569,11 +594,14 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
         ],
         batch_size=1000,
     )
-    if result.budget_used:
+    if result.budget_used or result.budget_borrowed:
         for budget in models.GpuBudget.objects.select_related("namespace"):
             used = result.budget_used.get((budget.namespace.name, budget.name))
             if used is not None and budget.used != dict(used):
                 models.GpuBudget.objects.filter(pk=budget.pk).update(used=dict(used))
+            borrowed = result.budget_borrowed.get((budget.namespace.name, budget.name))
+            if borrowed is not None and budget.borrowed != dict(borrowed):
+                models.GpuBudget.objects.filter(pk=budget.pk).update(borrowed=dict(borrowed))
 
 
 def _record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int]) -> None:

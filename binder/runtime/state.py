@@ -92,6 +92,8 @@ class ClusterState(MirrorState):
         self.last_full: tuple[datetime, e.Settings, PassResult] | None = None
         #: The class and budget status as this state's last full pass wrote it.
         self.status_written: StatusWritten | None = None
+        #: GPUBudget ``status.borrowed`` as the last committed full pass wrote it (None: unknown).
+        self.borrowed_written: dict[tuple[str, str], Any] | None = None
         #: The feed entries of the last pass's own writes, skipped by the next catch-up.
         self.own_writes: OwnWrites | None = None
         #: The id of this state's last full pass, which reconciled its usage records
@@ -180,6 +182,7 @@ class ClusterState(MirrorState):
         super()._changed(kind)
         if kind in ("GPUClass", "GPUBudget"):
             self.status_written = None  # a recreated row starts from the model's default
+            self.borrowed_written = None
         if kind == "GPUClass":
             self._unsettled = None
             self._classes = None
@@ -275,12 +278,17 @@ class ClusterState(MirrorState):
         budgets, every node and class; booked units and usage come from :meth:`ledger`."""
         keys = sorted(self.wanting)
         namespaces = {ns for ns, _ in keys}
+        budgets = self._tuple("GPUBudget")
         return e.Cluster(
             now=now,
             classes=self._tuple("GPUClass"),
             nodes=self._tuple("Node"),
             devices=tuple(d for key in keys for d in self.set_members(key)),
-            budgets=tuple(b for b in self._tuple("GPUBudget") if b.namespace in namespaces),
+            # Every budget when some budget lends: whether a requested set may borrow depends
+            # on which sets of any tenant are entitled to the GPUs.
+            budgets=budgets
+            if any(b.borrowing for b in budgets)
+            else tuple(b for b in budgets if b.namespace in namespaces),
             settings=settings,
         )
 
@@ -375,6 +383,7 @@ class ClusterState(MirrorState):
             self.last_full = (now, settings, result)
             classes, budgets = self.status_written or ({}, {})
             self.status_written = ({**classes, **result.class_status}, {**budgets, **result.budget_used})
+            self.borrowed_written = {**(self.borrowed_written or {}), **result.budget_borrowed}
         elif result.devices:
             self.last_full = None
             self.pending.changed["GPU"] |= {d.key for d in result.devices}
@@ -397,6 +406,7 @@ class ClusterState(MirrorState):
         super().adopt(other)
         self.last_full = None
         self.status_written = None
+        self.borrowed_written = None
         self.record_reader()
 
     def usage_subjects(self, catch: Catchup, result: PassResult) -> Subjects:

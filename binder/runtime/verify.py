@@ -44,7 +44,7 @@ def compare_results(mine: PassResult, fresh: PassResult) -> list[str]:
         out.append(f"answers: incremental {mine.answered!r} != from scratch {fresh.answered!r}")
     if dict(mine.counts) != dict(fresh.counts):
         out.append(f"counts: incremental {dict(mine.counts)!r} != from scratch {dict(fresh.counts)!r}")
-    for name in ("class_status", "budget_used"):
+    for name in ("class_status", "budget_used", "budget_borrowed"):
         a, b = getattr(mine, name), getattr(fresh, name)
         if a and b and dict(a) != dict(b):
             out.append(f"{name}: incremental {dict(a)!r} != from scratch {dict(b)!r}")

@@ -135,6 +135,10 @@ class Board:
     """Tenants with units on the board but past the palette (drawn grey, hatched)."""
     found: str = ""
     """What ``q`` found (a sentence), or why it found nothing."""
+    borrowed_units: int = 0
+    """Units held by borrowed sets (lent beyond budgets), drawn dotted; the legend says so."""
+    marked_sets: int = 0
+    """Borrowed sets marked for reclaim (drawn with a dashed border): each waits for its VM to stop."""
 
     @property
     def rows_html(self) -> SafeString:
@@ -308,6 +312,8 @@ def build_board(
         pages=pages,
         other_tenants=max(0, len(ranked) - len(PALETTE)),
         found=found,
+        borrowed_units=sum(units for lent in ledger.borrowed.values() for k, units in lent.items() if "/" in k),
+        marked_sets=sum(1 for key in ledger.borrowed_sets if any(d.reclaim_for for d in ledger.devices(key))),
     )
 
 
@@ -391,9 +397,13 @@ class _Cells:
             f"VM {device.vm_name} · tenant {device.namespace} · {_class_words(device)}",
             f"{device.phase.value} on {node} since {_when(device.since)}",
             f"reason: {device.reason}",
-        )
+            *(["borrowed: lent beyond the tenant's limit, taken back only while its VM is stopped"]
+              if device.borrowed else []),
+            *([f"marked for reclaim by {device.reclaim_for}: waits for its VM to stop"] if device.reclaim_for else []),
+        )  # fmt: skip
         key = f"{device.namespace}/{device.vm_name}"
         css = self.tenant_css(device.namespace) + (" hl pin" if key == self.q else "")
+        css += (" bw" if device.borrowed else "") + (" rc" if device.reclaim_for else "")
         return css, f'href="{href}" data-set="{escape(key, quote=True)}" title="{title}"'
 
     def _pod(self, holding: Holding) -> tuple[str, str]:

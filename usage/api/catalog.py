@@ -54,6 +54,13 @@ class GpuOptionSerializer(serializers.Serializer):  # type: ignore[type-arg]
     largestSet = serializers.IntegerField(
         source="largest_set", help_text="most devices one node can take now (capped by remaining)"
     )
+    borrowing = serializers.IntegerField(
+        allow_null=True, help_text="class-key borrowing allowance in units beyond the limit; null: none"
+    )
+    borrowable = serializers.IntegerField(
+        help_text="devices the tenant could borrow now: idle units no entitled order or Lost set waits for, "
+        "within limit + borrowing (a borrowed set may be taken back while its VM is stopped)"
+    )
 
 
 #: A class name (a Kubernetes object name) and the most classes an order may list.
@@ -82,6 +89,9 @@ class OrderFitSerializer(serializers.Serializer):  # type: ignore[type-arg]
     className = serializers.CharField(source="class_name", help_text="the class it would be held as; empty if not")
     reason = serializers.CharField(help_text="the binder's sentence: where, or why not (each choice passed over)")
     budget = BudgetUseSerializer(many=True, help_text="the class key and raw key it would count under, if it fits")
+    borrowed = serializers.BooleanField(
+        help_text="it would borrow idle GPUs beyond the budget: it may be taken back while its VM is stopped"
+    )
 
 
 def _order(params: Mapping[str, str]) -> tuple[int, tuple[str, ...]] | None:

@@ -66,7 +66,7 @@ def _flatten(data: Any) -> str:
 
 
 CSV_COLUMNS = ["id", "namespace", "subjectKind", "subject", "subjectUid", "vmName", "key", "resourceName", "units",
-               "node", "phase", "start", "end", "gpuHours", "openedByPass", "closedByPass"]  # fmt: skip
+               "node", "phase", "start", "end", "gpuHours", "openedByPass", "closedByPass", "borrowed"]  # fmt: skip
 
 
 def csv_stream(queryset: QuerySet[UsageRecord]) -> Iterator[str]:
@@ -91,6 +91,7 @@ def csv_stream(queryset: QuerySet[UsageRecord]) -> Iterator[str]:
         "gpu_hours",
         "opened_by_pass",
         "closed_by_pass",
+        "borrowed",
     )  # type: ignore[misc]  # fmt: skip - gpu_hours is annotated by queries.with_record_hours
     for count, row in enumerate(rows.iterator(chunk_size=2000), 1):
         values = list(row)

@@ -54,6 +54,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-a
             "gpuHours",
             "openedByPass",
             "closedByPass",
+            "borrowed",
         ]
 
 
@@ -66,12 +67,20 @@ class KeyUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]
     gpuHours = serializers.FloatField(
         source="gpu_hours", help_text="units × hours held in the window, counted as budgets count the key"
     )
+    borrowing = serializers.IntegerField(
+        allow_null=True, help_text="units the tenant may borrow beyond the limit while GPUs stand idle; null: none"
+    )
+    borrowed = serializers.IntegerField(help_text="units held now by borrowed sets (part of used)")
+    borrowedGpuHours = serializers.FloatField(
+        source="borrowed_gpu_hours", help_text="the share of gpuHours held by borrowed sets"
+    )
 
 
 class GpuHoursSerializer(serializers.Serializer):  # type: ignore[type-arg]
     total = serializers.FloatField(help_text="every record once: each GPU counted once")
     devices = serializers.FloatField(help_text="records of GPU devices (Bound or Lost)")
     pods = serializers.FloatField(help_text="pods' raw-name usage records")
+    borrowed = serializers.FloatField(help_text="the share of total held by borrowed sets (lending)")
 
 
 class TenantUsageSerializer(serializers.Serializer):  # type: ignore[type-arg]

@@ -62,6 +62,7 @@ class TenantUsageView(TenantScopedView):
                 "total": round(hours.total, 6),
                 "devices": round(hours.devices, 6),
                 "pods": round(hours.pods, 6),
+                "borrowed": round(hours.borrowed, 6),
             },
             "open_records": list(records.order_by("start", "id")),
         }

@@ -1,0 +1,541 @@
+"""Lending: idle GPUs lent beyond budgets, taken back only while the borrowing VM is stopped.
+
+A budget's ``borrowing`` lets a tenant hold more than its limit on GPUs that no entitled
+set (a Lost set, or an order within its budget) is waiting for. The binder never evicts a
+running VM to get them back: it marks the borrowed sets a waiting set needs
+(``reclaim_for``) and releases each one only in a pass that sees its VM not running, by
+the launcher rule every consumer shares (:func:`binder.engine.launcher.launcher_of`,
+through the ledger's launcher pods). These are the pass's methods for it, on top of
+:class:`~binder.engine.choosing.ChoosingPass`; a cluster whose budgets name no borrowing
+and whose devices hold nothing borrowed never reaches them, so its decisions are those of
+a pass without lending.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+
+from binder.engine.accounting import SetKey, class_units
+from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed, spec_class
+from binder.engine.choosing import ChoosingPass
+from binder.engine.fit import borrow_terms, describe_overage, describe_units
+from binder.engine.pass_state import REASON_BOUND
+from binder.engine.types import Cluster, Device, Outcome, Phase
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Where a waiting set's reason says which borrowed sets it waits to take back.
+RECLAIM_NOTE = "; waits for reclaim: "
+#: How a released set's reason begins (the explanations and the answer read it).
+RELEASED = "pending: released: "
+
+#: A choice of a set: a class every member is booked as, or None: as the members are booked
+#: (a set without alternatives, which may mix classes).
+Choice = str | None
+
+
+def set_id(key: SetKey) -> str:
+    """``<namespace>/<vm>``: how ``status.reclaimFor`` and the reasons name a set."""
+    return f"{key[0]}/{key[1]}"
+
+
+class LendingPass(ChoosingPass):
+    """A pass's working state with the lending rules."""
+
+    def __init__(self, cluster: Cluster, *args: object, **kwargs: object) -> None:
+        super().__init__(cluster, *args, **kwargs)  # type: ignore[arg-type]
+        #: Lending rules apply: some budget names a borrowing, or some set holds borrowed GPUs.
+        self.lending = any(b.borrowing for b in cluster.budgets) or bool(self.ledger.borrowed_sets)
+        #: Resources entitled sets waited for at the start of the pass (worked out on first use).
+        self._waiting_start: set[str] | None = None
+        #: Sets released in this pass: not placed again in it.
+        self.released_now: set[SetKey] = set()
+        #: Released sets and the set their GPUs were taken back for (an answer's refusal names it).
+        self.released_for: dict[SetKey, str] = {}
+        #: Whether the pass sees every unsettled set (a full pass) or only requested ones.
+        self.whole_view = True
+        self._allocatable_memo: dict[tuple[int, str], int] = {}
+
+    # -- reading -------------------------------------------------------------------------
+
+    def vm_running(self, key: SetKey) -> bool:
+        """The set's VM runs: a pod that counts as its VMI's launcher (the shared reader's
+        rule, through the ledger) is in a phase other than Succeeded or Failed."""
+        return self.launcher_holds(key)
+
+    def is_borrowed(self, key: SetKey) -> bool:
+        return any(d.borrowed for d in self.members(key))
+
+    def set_choices(self, key: SetKey, members: Sequence[Device]) -> tuple[Choice, ...]:
+        """The choices of a set, in order: its classes when it lists alternatives, else None
+        (as booked). A held set keeps its class while its launcher runs."""
+        if has_alternatives(members):
+            if disagreement(members):
+                return ()
+            if any(d.held for d in members):
+                moving = self.move_choices(key)
+                return tuple(moving) if moving else ()
+            return choices_of(members[0])
+        return (None,)
+
+    def as_choice(self, members: tuple[Device, ...], names: set[str], choice: Choice) -> tuple[Device, ...]:
+        return members if choice is None else reclassed(members, names, choice)
+
+    def within_budget(self, key: SetKey, members: tuple[Device, ...], names: set[str]) -> bool:
+        return self.held_refusal(key, members, names) is None
+
+    def borrow_check(
+        self, key: SetKey, members: tuple[Device, ...], names: set[str]
+    ) -> tuple[str | None, dict[str, tuple[int, int, int]]]:
+        """:func:`borrow_terms` of making the ``names`` members of ``members`` held."""
+        ledger = self.ledger
+        if key in ledger.launcher_pods:
+            more = ledger.used_delta(key, self._bound_on(members, "-", names))
+        else:
+            more = ledger.used_delta_from(key, class_units(members, self.classes, names))
+        return borrow_terms(ledger, self.limits(key[0]), key, more)
+
+    def waits_for(self, key: SetKey, moving: Sequence[Device], *, room_checked: bool = False) -> set[str]:
+        """The resources ``moving`` (members of ``key``, booked as one choice) waits for room
+        of: some node eligible for it has allocatable at least its units of the resource, but
+        none has free room for the set (``room_checked``: the caller just found none)."""
+        need = self.units(moving)
+        if not need or (not room_checked and self.place(key, moving) is not None):
+            return set()
+        eligible = self.eligible_nodes(moving)
+        found = set()
+        for resource, units in need.items():
+            if self._most_allocatable(eligible, resource) >= units:
+                found.add(resource)
+        return found
+
+    def _most_allocatable(self, eligible: set[str], resource: str) -> int:
+        """The most allocatable units of ``resource`` on one of ``eligible`` (the node cache's
+        set, the same object while nodes do not change): worked out once per pass."""
+        key = (id(eligible), resource)
+        most = self._allocatable_memo.get(key)
+        if most is None:
+            most = max((self.nodes[n].allocatable.get(resource, 0) for n in eligible), default=0)
+            self._allocatable_memo[key] = most
+        return most
+
+    def entitled_waits(self, key: SetKey, *, room_checked: bool = False) -> set[str]:
+        """What an unplaced entitled set waits for room of, judged now: a Lost set that is
+        not borrowed (every choice), or an order for each choice within its budget.
+        ``room_checked``: the pass just tried to place it and found no room."""
+        members = self.members(key)
+        if not members or key in self.released_now:
+            return set()
+        held = [d for d in members if d.held]
+        lost = bool(held) and all(d.phase is Phase.LOST for d in held)
+        order = not held
+        if not (lost and not any(d.borrowed for d in held)) and not order:
+            return set()
+        names = {d.name for d in (held if lost else members)}
+        found: set[str] = set()
+        for choice in self.set_choices(key, members):
+            if choice is not None and choice not in self.classes:
+                continue
+            as_choice = self.as_choice(members, names, choice)
+            if any(d.class_name not in self.classes for d in as_choice if d.name in names):
+                continue
+            if order and not self.within_budget(key, as_choice, names):
+                continue
+            found |= self.waits_for(key, [d for d in as_choice if d.name in names], room_checked=room_checked)
+        return found
+
+    def waiting_at_start(self) -> set[str]:
+        """Resources entitled sets waited for at the start of the pass (step 2 and answer
+        passes judge borrowing against these)."""
+        if self._waiting_start is None:
+            keys: Iterable[SetKey] = self.set_keys() if self.whole_view else sorted(self.ledger.set_keys())
+            found: set[str] = set()
+            for key in keys:
+                found |= self.entitled_waits(key)
+            self._waiting_start = found
+        return self._waiting_start
+
+    def lost_sets(self) -> list[SetKey]:
+        """The sets held Lost whole and not borrowed, oldest Lost first."""
+        lost: list[tuple[datetime, SetKey]] = []
+        for key in self.set_keys():
+            held = [d for d in self.members(key) if d.held]
+            if held and all(d.phase is Phase.LOST and not d.borrowed for d in held):
+                lost.append((min(d.since or _EPOCH for d in held), key))
+        return [key for _, key in sorted(lost)]
+
+    # -- changing ------------------------------------------------------------------------
+
+    def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
+        """As :meth:`PassState.apply`; with lending, a set is borrowed and marked as a whole:
+        its held members share the flag and the mark, and a member that is not held carries
+        neither (a released or re-ordered device borrows nothing)."""
+        if self.lending:
+            devices = tuple(devices)
+            if key not in self.ledger.borrowed_sets and not any(d.borrowed or d.reclaim_for for d in devices):
+                super().apply(key, devices)  # nothing borrowed or marked: nothing to keep alike
+                return
+            held = [d for d in devices if d.held]
+            lent = any(d.borrowed for d in held)
+            mark = next((d.reclaim_for for d in held if d.reclaim_for), "") if lent else ""
+            devices = tuple(
+                d if (d.borrowed, d.reclaim_for) == ((lent, mark) if d.held else (False, ""))
+                else d.placed(d.class_name, d.phase, d.node, d.since, d.reason, borrowed=d.held and lent,
+                              reclaim_for=mark if d.held else "")
+                for d in devices
+            )  # fmt: skip
+        super().apply(key, devices)
+
+    def lend(self, key: SetKey, *, borrowed: bool, mark: str, reason: str | None = None) -> None:
+        """Set the set's borrowed flag and mark (and, given, its reason) without moving it."""
+        members = self.members(key)
+        if all(d.borrowed == borrowed and d.reclaim_for == mark and reason in (None, d.reason) for d in members):
+            return
+        self.apply(
+            key,
+            (
+                d.placed(d.class_name, d.phase, d.node, d.since, d.reason if reason is None else reason,
+                         borrowed=borrowed, reclaim_for=mark)
+                for d in members
+            ),
+        )  # fmt: skip
+
+    def settle_lent(self, key: SetKey, members: Sequence[Device], node: str, reason: str, held_as: str) -> None:
+        """:meth:`settle` of the whole set Bound on ``node`` as a borrowed set, in one change."""
+        self.refused.discard(key)
+        self.apply(
+            key,
+            (
+                d.placed(held_as or d.class_name, Phase.BOUND, node, self.now, reason, borrowed=True, reclaim_for="")
+                for d in members
+            ),
+        )
+
+    def release(self, key: SetKey, why: str, made_room_for: str = "") -> None:
+        """A borrowed set gives its GPUs back: Pending, no node, neither borrowed nor marked;
+        not placed again in this pass."""
+        members = self.members(key)
+        held_as = spec_class(members[0]) if has_alternatives(members) else ""
+        self.settle(key, list(members), Phase.PENDING, "", RELEASED + why, held_as)
+        self.lend(key, borrowed=False, mark="")
+        self.released_now.add(key)
+        if made_room_for:
+            self.released_for[key] = made_room_for
+
+    # -- repaid (start of step 4) --------------------------------------------------------
+
+    def repay(self) -> None:
+        """Oldest borrowed set first: one that now fits its tenant's limits with the tenant's
+        own usage stops being borrowed (its units join the own usage for the next). Tenants
+        are independent, so each is judged apart, and one whose borrowed sets all use a
+        limited key with no unit of headroom left is passed over without looking at them."""
+        ledger = self.ledger
+        judged: list[str] = []
+        for namespace, lent in ledger.borrowed.items():
+            held = [k for k, units in lent.items() if units > 0]
+            if held:
+                judged.append(namespace)
+        if not judged:
+            return
+        wanted = set(judged)
+        lent_sets: list[tuple[datetime, SetKey]] = []
+        for key in ledger.borrowed_sets:
+            if key[0] in wanted:
+                members = self.members(key)
+                if members and all(d.phase is Phase.BOUND for d in members):
+                    lent_sets.append((min(d.since or _EPOCH for d in members), key))
+        for _, key in sorted(lent_sets):
+            units = ledger.borrowed_sets.get(key, {})
+            limits = self.limits(key[0])
+            if all(
+                (limit := limits.limit(k)) is None or ledger.own_used(key[0], k) + n <= limit for k, n in units.items()
+            ):
+                node = self.members(key)[0].node
+                self.lend(
+                    key,
+                    borrowed=False,
+                    mark="",
+                    reason=f"bound: repaid on {node}: the tenant's own usage now fits its limits with this set",
+                )
+
+    def _no_headroom(self, namespace: str, keys: Sequence[str]) -> bool:
+        """Whether none of the tenant's borrowed sets can be repaid now: they all use one
+        class key (or one raw key) whose limit leaves no unit for them."""
+        limits = self.limits(namespace)
+        for raw in (False, True):
+            of_kind = [k for k in keys if ("/" in k) == raw]
+            if len(of_kind) == 1:
+                limit = limits.limit(of_kind[0])
+                if limit is not None and self.ledger.own_used(namespace, of_kind[0]) + 1 > limit:
+                    return True
+        return False
+
+    # -- step 4: borrowing orders --------------------------------------------------------
+
+    def entitled_order(self, key: SetKey) -> bool:
+        """An order within budget for at least one of its choices."""
+        members = self.members(key)
+        names = {d.name for d in members}
+        for choice in self.set_choices(key, members):
+            if choice is not None and choice not in self.classes:
+                continue
+            as_choice = self.as_choice(members, names, choice)
+            if all(d.class_name in self.classes for d in as_choice) and self.within_budget(key, as_choice, names):
+                return True
+        return False
+
+    def borrow_choices(self, key: SetKey) -> list[tuple[Choice, dict[str, tuple[int, int, int]]]]:
+        """The order's choices that may borrow now (over some limit, within limit plus
+        borrowing on every such key), in preference order, with how far over each is."""
+        if not self.limits(key[0]).borrowing:
+            return []  # the tenant's budgets lend it nothing
+        members = self.members(key)
+        names = {d.name for d in members}
+        found = []
+        for choice in self.set_choices(key, members):
+            if choice is not None and choice not in self.classes:
+                continue
+            as_choice = self.as_choice(members, names, choice)
+            if any(d.class_name not in self.classes for d in as_choice):
+                continue
+            refusal, over = self.borrow_check(key, as_choice, names)
+            if refusal is None and over:
+                found.append((choice, over))
+        return found
+
+    def bind_borrowing(self, key: SetKey, waiting: set[str]) -> bool:
+        """Place the order ``key`` by borrowing: its borrowing choices in order, each only
+        onto room of resources no entitled set waits for. True when placed."""
+        members = self.members(key)
+        names = {d.name for d in members}
+        notes = []
+        for choice, _ in self.borrow_choices(key):
+            as_choice = self.as_choice(members, names, choice)
+            _, over = self.borrow_check(key, as_choice, names)  # usage moved since: judged now
+            taken = sorted(set(self.units(as_choice)) & waiting)
+            label = choice or "the set"
+            if taken:
+                notes.append(f"{label}: entitled sets wait for {', '.join(taken)}")
+                continue
+
+            def placed_on(n: str, m: tuple[Device, ...] = as_choice) -> tuple[Device, ...]:
+                return self._bound_on(m, n, names)
+
+            node = self.best_node(key, placed_on, as_choice)
+            if node is None:
+                notes.append(f"{label}: no node has room for {describe_units(self.units(as_choice))}")
+                continue
+            note = f", as {choice}" if choice is not None and has_alternatives(members) else ""
+            reason = (
+                f"{REASON_BOUND} (borrowed{note}: over its limits on {describe_overage(over)}; "
+                "it may be taken back while its VM is not running)"
+            )
+            self.settle_lent(key, as_choice, node, reason, choice or "")
+            self.counts[Outcome.BOUND] += 1
+            return True
+        if notes:
+            why = self.members(key)[0].reason
+            taken_back = self.released_for.get(key)
+            extra = f"; its borrowed GPUs were taken back for {taken_back}" if taken_back else ""
+            self.with_reason(key, names, f"{why}; could borrow, but {'; '.join(notes)}{extra}")
+        return False
+
+    # -- reclaim (after step 4) ----------------------------------------------------------
+
+    def reclaim(self, waiting_orders: Sequence[SetKey]) -> None:
+        """Each entitled set still waiting for room marks borrowed sets to take back (Lost
+        sets first, then orders, each oldest first); marked sets whose VM is not running are
+        released, and a waiting set whose marks are all released is placed. Marks no waiting
+        set needs any more are dropped."""
+        waiting = [*self.lost_sets()]
+        waiting.extend(k for k in waiting_orders if all(d.phase is Phase.PENDING for d in self.members(k)))
+        marks: dict[SetKey, str] = {}
+        chosen: set[str] = set()
+        ready: list[SetKey] = []
+        index = self._lent_index() if waiting else {}
+        for key in waiting:
+            plan = self.reclaim_plan(key, chosen, marks, index)
+            if plan is None:
+                self._reclaim_note(key, "")
+                continue
+            node, taken = plan
+            chosen.add(node)
+            me = set_id(key)
+            for other in taken:
+                marks[other] = me
+                self.lend(other, borrowed=True, mark=me)
+            running = [o for o in taken if self.vm_running(o)]
+            for other in taken:
+                if other not in running:
+                    self.release(other, f"its borrowed GPUs on {node} were taken back for {me}, which waited for "
+                                 "them, while its VM was not running", made_room_for=me)  # fmt: skip
+            if running:
+                sets = ", ".join(set_id(o) for o in running)
+                self._reclaim_note(key, f"{sets} on {node}, borrowed and marked for it, waits for its VM to stop")
+            else:
+                ready.append(key)
+        for key in sorted(self.ledger.marked_sets - marks.keys()):
+            self.lend(key, borrowed=True, mark="")
+        for key in ready:
+            held = [d for d in self.members(key) if d.held]
+            if held:
+                self.rebind(key)  # type: ignore[attr-defined]
+            else:
+                self.bind_order(key)  # type: ignore[attr-defined]
+
+    def _reclaim_note(self, key: SetKey, note: str) -> None:
+        """The waiting set's unplaced members' reason says which marked sets it waits for
+        (``note``; empty: no longer says so)."""
+        for device in self.members(key):
+            if device.phase is Phase.BOUND:
+                continue
+            base = device.reason.split(RECLAIM_NOTE)[0]
+            wanted = base + RECLAIM_NOTE + note if note else base
+            if device.reason != wanted:
+                self.with_reason(key, [device.name], wanted)
+
+    def _lent_index(self) -> dict[str, dict[str, list[SetKey]]]:
+        """The borrowed sets reclaim may mark, by resource and node (nodes by name): Bound
+        whole on one node, not released in this pass (built once per pass; marks are checked
+        as they are made)."""
+        index: dict[str, dict[str, list[SetKey]]] = {}
+        for other in sorted(self.ledger.borrowed_sets):
+            if other in self.released_now:
+                continue
+            lent = self.members(other)
+            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
+                continue
+            for resource in self.units(lent):
+                index.setdefault(resource, {}).setdefault(lent[0].node, []).append(other)
+        return {r: dict(sorted(by_node.items())) for r, by_node in index.items()}
+
+    def reclaim_plan(
+        self,
+        key: SetKey,
+        chosen: set[str],
+        marks: dict[SetKey, str],
+        index: dict[str, dict[str, list[SetKey]]],
+    ) -> tuple[str, list[SetKey]] | None:
+        """The node and the borrowed sets (youngest first) whose release would make room for
+        the waiting set ``key``: per choice in preference order, on every eligible node not
+        chosen for an earlier waiting set, its borrowed sets of the choice's resource not
+        marked for another set until the node would have room; the node releasing the fewest
+        units, then the fewest sets, then by name. A plan already marked for the set and
+        still enough is kept."""
+        members = self.members(key)
+        held = [d for d in members if d.held]
+        names = {d.name for d in (held or members)}
+        me = set_id(key)
+
+        def free_for_me(other: SetKey) -> bool:
+            if other in marks or other in self.released_now or other == key:
+                return False
+            mark = self.members(other)[0].reclaim_for
+            return not mark or mark == me  # marked for another waiting set earlier: it stays so
+
+        for choice in self.set_choices(key, members):
+            if choice is not None and choice not in self.classes:
+                continue
+            as_choice = self.as_choice(members, names, choice)
+            if not held and not self.within_budget(key, as_choice, names):
+                continue
+            moving = [d for d in as_choice if d.name in names]
+            need = self.units(moving)
+            if len(need) != 1:
+                continue
+            ((resource, units),) = need.items()
+            by_node = index.get(resource, {})
+            if not by_node:
+                continue
+            plan = self._plan_on_nodes(me, resource, units, by_node, self.eligible_nodes(moving), chosen, free_for_me)
+            if plan is not None:
+                return plan
+        return None
+
+    def _plan_on_nodes(
+        self,
+        me: str,
+        resource: str,
+        units: int,
+        by_node: dict[str, list[SetKey]],
+        eligible: set[str],
+        chosen: set[str],
+        usable: Callable[[SetKey], bool],
+    ) -> tuple[str, list[SetKey]] | None:
+        """:meth:`reclaim_plan` for one choice: ``units`` of ``resource`` for the set ``me``."""
+        best: tuple[int, int, str, list[SetKey]] | None = None
+        for node in by_node:  # by name
+            if node not in eligible or node in chosen:
+                continue
+            free = self.ledger.free(node, resource)
+            lent = [k for k in by_node[node] if usable(k)]
+            kept = [k for k in lent if self.members(k)[0].reclaim_for == me]
+            if kept and free + sum(self.units(self.members(k))[resource] for k in kept) >= units:
+                return node, kept  # still enough: the marks stay as they are
+            taken = self._youngest_until_room(lent, resource, units - free)
+            if taken is None:
+                continue
+            released = sum(self.units(self.members(k))[resource] for k in taken)
+            if best is None or (released, len(taken), node) < best[:3]:
+                best = (released, len(taken), node, taken)
+        return (best[2], best[3]) if best is not None else None
+
+    def _youngest_until_room(self, lent: Sequence[SetKey], resource: str, short: int) -> list[SetKey] | None:
+        """Borrowed sets of ``resource`` from ``lent``, youngest first (latest ``since``; equal
+        ``since`` by namespace, then VM name), until they free ``short`` units; None when all
+        of them do not."""
+        if short <= 0:
+            return None  # room already: nothing to take back for it here
+        taken: list[SetKey] = []
+        freed = 0
+        for other in sorted(lent, key=lambda k: (-_ts(self.members(k)), k[0], k[1])):
+            units = self.units(self.members(other))[resource]
+            if not units:
+                continue
+            taken.append(other)
+            freed += units
+            if freed >= short:
+                return taken
+        return None
+
+    # -- step 2: a borrowed set that cannot stay --------------------------------------------
+
+    def move_borrowed(
+        self,
+        key: SetKey,
+        held: Sequence[Device],
+        placed: Callable[[str], str],
+        lost: str,
+        *,
+        exclude: Iterable[str] = (),
+        prefer: Counter[str] | None = None,
+    ) -> None:
+        """A borrowed set that would move goes only onto room no entitled set waited for at
+        the start of the pass; else it is released, never sent to Lost (a Lost set would
+        outrank entitled orders)."""
+        members = self.members(key)
+        names = {d.name for d in held}
+        waiting = self.waiting_at_start()
+        for choice in self.set_choices(key, members):
+            if choice is not None and choice not in self.classes:
+                continue
+            as_choice = self.as_choice(members, names, choice)
+            moving = [d for d in as_choice if d.name in names]
+            if set(self.units(moving)) & waiting:
+                continue
+
+            def placed_on(n: str, m: tuple[Device, ...] = as_choice) -> tuple[Device, ...]:
+                return self._bound_on(m, n, names)
+
+            node = self.best_node(key, placed_on, moving, exclude=exclude, prefer=prefer)
+            if node is not None:
+                self.settle(key, moving, Phase.BOUND, node, f"{placed(node)} (still borrowed)", choice or "")
+                self.counts[Outcome.MOVED] += 1
+                return
+        why = lost.removeprefix("lost: ")
+        self.release(key, f"{why}; no room that no entitled set waits for, and a borrowed set is never sent to Lost")
+
+
+def _ts(members: Sequence[Device]) -> float:
+    return max((d.since or _EPOCH) for d in members).timestamp()

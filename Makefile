@@ -49,6 +49,12 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
+## chart-docs: what is generated from charts/gpuplane (deploy/base, the dashboards' JSON, the values
+## table and panel list in docs/operations.md); tests/test_chart.py fails when they are stale
+.PHONY: chart-docs
+chart-docs: $(VENV)/.dev
+	$(PY) hack/chart.py all
+
 ## import-graph: modules, edges, binder's edges into other apps, and import cycles (docs/architecture.md)
 .PHONY: import-graph
 import-graph: $(VENV)/.dev

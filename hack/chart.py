@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dashboards import DASHBOARDS, dashboard  # noqa: E402
+from dashboards import DASHBOARDS, dashboard
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpuplane"

@@ -41,7 +41,9 @@ def run(*args: str, check: bool = True, timeout: float = 300, **kwargs: Any) -> 
     return done
 
 
-def template_text(*values_files: Path, release: str = "gpuplane", namespace: str = "gpuplane-system", extra: tuple[str, ...] = ()) -> str:
+def template_text(
+    *values_files: Path, release: str = "gpuplane", namespace: str = "gpuplane-system", extra: tuple[str, ...] = ()
+) -> str:
     args = [tool("helm"), "template", release, str(CHART), "--namespace", namespace]
     for path in values_files:
         args += ["-f", str(path)]

@@ -81,7 +81,7 @@ def test_helm_lint_strict(values: Path) -> None:
 
 
 def test_ci_values_files_are_the_three_the_tests_know() -> None:
-    assert CI_VALUES == sorted([CLUSTER, STANDALONE, CUSTOM])
+    assert sorted([CLUSTER, STANDALONE, CUSTOM]) == CI_VALUES
 
 
 def test_cluster_mode_without_a_ca_bundle_is_refused_naming_the_value() -> None:
@@ -91,7 +91,10 @@ def test_cluster_mode_without_a_ca_bundle_is_refused_naming_the_value() -> None:
 
 
 def test_a_bad_mode_or_a_setting_the_chart_owns_is_refused() -> None:
-    for flag, named in (("mode=kubernetes", "mode must be cluster or standalone"), ("settings.DATABASE_URL=x", "settings.DATABASE_URL")):
+    for flag, named in (
+        ("mode=kubernetes", "mode must be cluster or standalone"),
+        ("settings.DATABASE_URL=x", "settings.DATABASE_URL"),
+    ):
         done = run(tool("helm"), "template", "gpuplane", str(CHART), "-f", str(CLUSTER), "--set", flag, check=False)
         assert done.returncode != 0 and named in done.stderr, done.stderr
 
@@ -122,7 +125,7 @@ def test_cluster_mode_renders_every_process_the_webhook_and_monitoring() -> None
     assert set(dashboards) == {f"gpuplane-dashboard-{p.stem}" for p in DASHBOARDS}
     for name, configmap in dashboards.items():
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-        (key, text), = configmap["data"].items()
+        ((key, text),) = configmap["data"].items()
         stem = name.removeprefix("gpuplane-dashboard-")
         assert key == f"gpuplane-{stem}.json"
         assert json.loads(text) == json.loads((CHART / "dashboards" / f"{stem}.json").read_text())
@@ -148,7 +151,9 @@ def test_custom_values_reach_every_object() -> None:
     docs = template(CUSTOM, release="site", namespace="gpus")
     deployments = of_kind(docs, "Deployment")
     assert set(deployments) == {f"gp-{c}" for c in ("web", "webhook", "binder", "beat", "sync")}
-    assert of_kind(docs, "Namespace")["gpus"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert (
+        of_kind(docs, "Namespace")["gpus"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    )
     assert deployments["gp-web"]["spec"]["replicas"] == 3 and deployments["gp-binder"]["spec"]["replicas"] == 1
     for name, deployment in deployments.items():
         spec = pod_spec(deployment)
@@ -215,7 +220,11 @@ def test_selectors_match_their_pods(values: Path) -> None:
 def test_changing_a_setting_rolls_the_pods() -> None:
     def checksums(*extra: str) -> set[str]:
         docs = yaml.safe_load_all(template_text(CLUSTER, extra=extra))
-        return {d["spec"]["template"]["metadata"]["annotations"]["checksum/settings"] for d in docs if d and d["kind"] == "Deployment"}
+        return {
+            d["spec"]["template"]["metadata"]["annotations"]["checksum/settings"]
+            for d in docs
+            if d and d["kind"] == "Deployment"
+        }
 
     before, after = checksums(), checksums("--set-string", "settings.GPUPLANE_DEFAULT_BUDGET=deny")
     assert len(before) == len(after) == 1 and before != after
@@ -224,7 +233,11 @@ def test_changing_a_setting_rolls_the_pods() -> None:
 def test_chart_rbac_is_deploys_rbac() -> None:
     """Rule for rule what deploy/base/rbac.yaml grants (tests/test_deploy.py checks those against
     the code's API calls), whatever the release is named."""
-    deployed = {d["metadata"]["name"]: d["rules"] for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text()) if d and d["kind"] == "ClusterRole"}
+    deployed = {
+        d["metadata"]["name"]: d["rules"]
+        for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
+        if d and d["kind"] == "ClusterRole"
+    }
     charted = {n.removeprefix("gp-"): r["rules"] for n, r in of_kind(template(CUSTOM), "ClusterRole").items()}
     assert charted == {n.removeprefix("gpuplane-"): rules for n, rules in deployed.items()}
 
@@ -327,7 +340,21 @@ def test_every_alert_has_a_test_that_fires_and_one_that_stays_quiet() -> None:
 
 # -- metric names: what the dashboards and the alerts query is what /metrics exports -------------
 
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset", "inf", "nan"}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -346,19 +373,21 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_metric_names_are_found_in_promql() -> None:
-    expr = 'histogram_quantile(0.99, max by (kind, le) (rate(gpuplane_pass_duration_seconds_bucket{kind="full"}[5m]))) / on (x) group_left (y) b_total offset 5m > bool 1'
+    expr = (
+        'histogram_quantile(0.99, max by (kind, le) (rate(gpuplane_pass_duration_seconds_bucket{kind="full"}[5m])))'
+        " / on (x) group_left (y) b_total offset 5m > bool 1"
+    )
     assert metric_names(expr) == {"gpuplane_pass_duration_seconds_bucket", "b_total"}
     assert metric_names("sum(avg_over_time(x[$__range])) * $__range_s / 3600") == {"x"}
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
-    out = []
-    for path in DASHBOARDS:
-        board = json.loads(path.read_text())
-        for item in board["panels"]:
-            for target in item.get("targets", []):
-                out.append((f"{path.stem}: {item['title']}", target["expr"]))
-    return out
+    return [
+        (f"{path.stem}: {item['title']}", target["expr"])
+        for path in DASHBOARDS
+        for item in json.loads(path.read_text())["panels"]
+        for target in item.get("targets", [])
+    ]
 
 
 def alert_queries() -> list[tuple[str, str]]:
@@ -415,7 +444,7 @@ def _scrape(env: dict[str, str]) -> set[str]:
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                     text = response.read().decode()
                 break
             except OSError:

@@ -74,7 +74,9 @@ def test_the_rendered_chart_applies_server_side(kubeconfig: str, mode: str) -> N
     rendered = template_text(
         release="gpuplane", namespace=namespace, extra=(*extra, "--set", "metrics.dashboards.enabled=true")
     )
-    out = kubectl(kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=without_monitoring(rendered))
+    out = kubectl(
+        kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=without_monitoring(rendered)
+    )
     applied = {line.split(" ")[0] for line in out.splitlines() if line.strip()}
     expected_deployments = {"web", "binder", "beat"} | ({"webhook", "sync"} if mode == "cluster" else set())
     assert {f"deployment.apps/gpuplane-{c}" for c in expected_deployments} <= applied, out
@@ -97,20 +99,26 @@ def test_helm_install_upgrade_and_uninstall_leave_no_stray_objects(kubeconfig: s
     assert status["info"]["status"] == "deployed"
     for name in CRD_NAMES:  # installed from crds/ (or already there)
         kubectl(kubeconfig, "get", "crd", name)
-    settings: dict[str, Any] = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "configmap", f"{release}-settings", "-o", "json"))
+    settings: dict[str, Any] = json.loads(
+        kubectl(kubeconfig, "-n", namespace, "get", "configmap", f"{release}-settings", "-o", "json")
+    )
     assert settings["data"]["GPUPLANE_DEFAULT_BUDGET"] == "unlimited"
     before = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "deployment", f"{release}-web", "-o", "json"))
 
     helm(
         kubeconfig, tmp_path, "upgrade", release, str(CHART), *base,
-        "--set-string", "settings.GPUPLANE_DEFAULT_BUDGET=deny", "--set", "web.replicas=3", "--set", "podDisruptionBudget.enabled=false",
+        "--set-string", "settings.GPUPLANE_DEFAULT_BUDGET=deny", "--set", "web.replicas=3",
+        "--set", "podDisruptionBudget.enabled=false",
     )  # fmt: skip
     settings = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "configmap", f"{release}-settings", "-o", "json"))
     assert settings["data"]["GPUPLANE_DEFAULT_BUDGET"] == "deny"
     after = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "deployment", f"{release}-web", "-o", "json"))
     assert after["spec"]["replicas"] == 3
     checksum = "checksum/settings"
-    assert after["spec"]["template"]["metadata"]["annotations"][checksum] != before["spec"]["template"]["metadata"]["annotations"][checksum]
+    assert (
+        after["spec"]["template"]["metadata"]["annotations"][checksum]
+        != before["spec"]["template"]["metadata"]["annotations"][checksum]
+    )
     # Turned off in the upgrade: gone at once.
     assert "poddisruptionbudget" not in " ".join(leftovers(kubeconfig, release))
 

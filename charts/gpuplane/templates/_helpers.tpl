@@ -32,7 +32,7 @@ app.kubernetes.io/part-of: gpuplane
 {{- define "gpuplane.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpuplane.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
-{{- with .component }}
+{{- with (get . "component") }}
 app.kubernetes.io/component: {{ . }}
 {{- end }}
 {{- end -}}
@@ -88,7 +88,7 @@ securityContext:
   runAsNonRoot: true
   runAsUser: 10001
   runAsGroup: 10001
-  {{- if .fsGroup }}
+  {{- if (get . "fsGroup") }}
   # The Secret's files are root-owned: the group makes them readable by the server.
   fsGroup: 10001
   {{- end }}
@@ -128,7 +128,7 @@ tolerations:
 {{- if $affinity }}
 affinity:
   {{- toYaml $affinity | nindent 2 }}
-{{- else if .spread }}
+{{- else if (get . "spread") }}
 affinity:
   podAntiAffinity:
     preferredDuringSchedulingIgnoredDuringExecution:

@@ -68,7 +68,6 @@ done
 # And the stamps helm's and Prometheus's own Makefiles set, so `helm version` and `promtool --version`
 # name the pinned releases.
 ldflags+=" -X 'helm.sh/helm/v4/internal/version.version=${HELM_VERSION}' -X 'helm.sh/helm/v4/internal/version.gitTreeState=clean'"
-ldflags+=" -X 'helm.sh/helm/v4/internal/version.gitCommit=module-${HELM_VERSION}'"
 ldflags+=" -X 'github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION}' -X 'github.com/prometheus/common/version.Branch=module'"
 ldflags+=" -X 'github.com/prometheus/common/version.Revision=module-${PROMETHEUS_MODULE}' -X 'github.com/prometheus/common/version.BuildDate=${build_date}'"
 

@@ -59,6 +59,12 @@ def row(title: str) -> dict[str, Any]:
 
 HELD = 'max by (class, phase) (gpuplane_class_devices{phase=~"Bound|Lost"})'
 
+
+def held_over(window: str) -> str:
+    """Held devices by class and phase, averaged over ``window``."""
+    return f'max by (class, phase) (avg_over_time(gpuplane_class_devices{{phase=~"Bound|Lost"}}[{window}]))'
+
+
 FLEET = [
     row("Devices"),
     panel(
@@ -333,14 +339,14 @@ USAGE = [
         "bars",
         "Device-hours by class (dashboard range)",
         "How many device-hours did each class hold over the selected range (sampled from the device counts)?",
-        (f"sum by (class) (avg_over_time({HELD}[$__range])) * $__range_s / 3600", "{{class}}"),
+        (f"sum by (class) ({held_over('$__range')}) * $__range_s / 3600", "{{class}}"),
         unit="h",
     ),
     panel(
         "series",
         "Device-hours per day by class",
         "How many device-hours did each class hold per day?",
-        (f"sum by (class) (avg_over_time({HELD}[1d])) * 24", "{{class}}"),
+        (f"sum by (class) ({held_over('1d')}) * 24", "{{class}}"),
         unit="h",
         stack=True,
     ),

@@ -121,6 +121,11 @@ def kustomization(chart_values: dict[str, object], app_version: str) -> str:
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: {NAMESPACE}
+# On every object, the CRDs (which the chart does not template) included.
+labels:
+  - pairs:
+      app.kubernetes.io/part-of: gpuplane
+    includeSelectors: false
 resources:
   - crds
 {"".join(f"  - {name}.yaml" + chr(10) for name in BASE_TEMPLATES)}configMapGenerator:

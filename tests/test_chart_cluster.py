@@ -122,6 +122,12 @@ def test_helm_install_upgrade_and_uninstall_leave_no_stray_objects(kubeconfig: s
     # Turned off in the upgrade: gone at once.
     assert "poddisruptionbudget" not in " ".join(leftovers(kubeconfig, release))
 
+    installed = leftovers(kubeconfig, release)  # the check below sees the release's objects
+    for name in ("web", "webhook", "binder", "beat", "sync"):
+        assert f"deployment.apps/{release}-{name}" in installed, installed
+    assert f"clusterrole.rbac.authorization.k8s.io/{release}-sync" in installed, installed
+    assert f"mutatingwebhookconfiguration.admissionregistration.k8s.io/{release}-vmi" in installed, installed
+
     helm(kubeconfig, tmp_path, "uninstall", release, "--namespace", namespace, "--wait")
     deadline = time.monotonic() + 90  # ReplicaSets and pods go with the garbage collector
     while (left := leftovers(kubeconfig, release)) and time.monotonic() < deadline:

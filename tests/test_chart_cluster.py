@@ -65,24 +65,35 @@ def apply_crds(kubeconfig: str) -> None:
     kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in CRD_NAMES))
 
 
-@pytest.mark.parametrize("mode", ["cluster", "standalone"])
+@pytest.mark.parametrize("mode", ["cluster", "standalone", "custom"])
 def test_the_rendered_chart_applies_server_side(kubeconfig: str, mode: str) -> None:
+    """The CRDs applied for real; everything else (the namespace of ci/custom-values.yaml
+    included) as a server-side dry run."""
     apply_crds(kubeconfig)
-    namespace = f"chart-dry-{mode}"
-    kubectl(kubeconfig, "create", "namespace", namespace, check=False)
-    extra = CLUSTER_VALUES if mode == "cluster" else ("--set", "mode=standalone")
+    namespace, prefix = f"chart-dry-{mode}", "gp" if mode == "custom" else "gpuplane"
+    extra = {
+        "cluster": CLUSTER_VALUES,
+        "standalone": ("--set", "mode=standalone"),
+        "custom": ("-f", str(CHART / "ci" / "custom-values.yaml")),
+    }[mode]
+    if mode != "custom":  # custom-values.yaml renders its namespace itself
+        kubectl(kubeconfig, "create", "namespace", namespace, check=False)
     rendered = template_text(
         release="gpuplane", namespace=namespace, extra=(*extra, "--set", "metrics.dashboards.enabled=true")
     )
-    out = kubectl(
-        kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=without_monitoring(rendered)
-    )
+    docs = without_monitoring(rendered)
+    if mode == "custom":  # the dry run of the Namespace does not create it: create it, then the rest
+        kubectl(kubeconfig, "create", "namespace", "monitoring", check=False)  # the dashboards' namespace
+        kubectl(kubeconfig, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(next(
+            d for d in yaml.safe_load_all(docs) if d["kind"] == "Namespace"
+        )))  # fmt: skip
+    out = kubectl(kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=docs)
     applied = {line.split(" ")[0] for line in out.splitlines() if line.strip()}
-    expected_deployments = {"web", "binder", "beat"} | ({"webhook", "sync"} if mode == "cluster" else set())
-    assert {f"deployment.apps/gpuplane-{c}" for c in expected_deployments} <= applied, out
-    if mode == "cluster":
-        assert "mutatingwebhookconfiguration.admissionregistration.k8s.io/gpuplane-vmi" in applied, out
-        assert "clusterrole.rbac.authorization.k8s.io/gpuplane-binder" in applied, out
+    expected_deployments = {"web", "binder", "beat"} | ({"webhook", "sync"} if mode != "standalone" else set())
+    assert {f"deployment.apps/{prefix}-{c}" for c in expected_deployments} <= applied, out
+    if mode != "standalone":
+        assert f"mutatingwebhookconfiguration.admissionregistration.k8s.io/{prefix}-vmi" in applied, out
+        assert f"clusterrole.rbac.authorization.k8s.io/{prefix}-binder" in applied, out
 
 
 def leftovers(kubeconfig: str, release: str) -> list[str]:

@@ -98,12 +98,16 @@ def settings_env(configmap: str) -> str:
     lines = [
         GENERATED.format(source="values.yaml (settings)"),
         "# gpuplane's settings (docs/settings.md), for every process: the ConfigMap gpuplane-settings,\n",
-        "# with a content hash in its name, so changing a value rolls the pods. What each means is in\n",
-        "# charts/gpuplane/values.yaml and docs/settings.md. Secrets never go here: DATABASE_URL,\n",
+        "# with a content hash in its name, so changing a value rolls the pods. Each comment is the\n",
+        "# value's in charts/gpuplane/values.yaml. Secrets never go here: DATABASE_URL,\n",
         "# CELERY_BROKER_URL and DJANGO_SECRET_KEY come from the Secret gpuplane-secrets. Override\n",
         "# values in your own overlay with a configMapGenerator (behavior: merge).\n",
     ]
-    lines += [f"{key}={value}\n" for key, value in data.items()]
+    docs = {key.removeprefix("settings."): doc for key, _, doc in values_rows((CHART / "values.yaml").read_text())}
+    docs["GPUPLANE_CLUSTER"] = "From the chart's `mode`: kubernetes (cluster) or standalone."
+    docs["DJANGO_ALLOWED_HOSTS"] = "From the Services' names, localhost (the probes) and the chart's `allowedHosts`."
+    for key, value in data.items():
+        lines += [f"\n# {docs[key]}\n" if key in docs else "\n", f"{key}={value}\n"]
     return "".join(lines)
 
 

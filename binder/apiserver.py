@@ -17,7 +17,7 @@ _override: KubeApi | None = None
 
 
 def use(api: KubeApi | None) -> None:
-    """Point gpuplane at a given API (tests: the emulator); None goes back to the settings."""
+    """Point gpuplane at a given API (tests: the test control plane); None goes back to the settings."""
     global _override
     _override = api
     connect.cache_clear()

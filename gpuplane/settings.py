@@ -304,7 +304,7 @@ if GPUPLANE_WEBHOOK_AUTH == "client-cert" and GPUPLANE_SERVE == "webhook" and no
         "kube-apiserver's client certificate"
     )
 #: Cluster mode: the API server's URL, when neither in-cluster config nor a kubeconfig
-#: should be used (``kubectl proxy`` at http://127.0.0.1:8001, or the tests' emulator).
+#: should be used (``kubectl proxy`` at http://127.0.0.1:8001).
 GPUPLANE_KUBE_HOST = os.environ.get("GPUPLANE_KUBE_HOST", "")
 #: Cluster mode: ``sync_cluster`` lists every kind again this often (seconds), besides
 #: watching, so a missed event is repaired within this time.

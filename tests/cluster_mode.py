@@ -1,6 +1,7 @@
-"""Cluster mode in tests: the GPUs as the API server emulator holds them, and the mirror's
+"""Cluster mode in tests: the GPUs as the real kube-apiserver holds them, and the mirror's
 view of the same devices (shared by tests/test_cluster.py and tests/test_faults.py; the
-``apiserver`` fixture that points gpuplane at the emulator is in tests/conftest.py)."""
+``apiserver`` fixture that points gpuplane at the test control plane is in tests/conftest.py,
+the control plane itself in tests/support/controlplane.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 from typing import Any
 
 from binder import models, sync
-from tests.kube_emulator import RunningApiServer
 from tests.shapes import (
     A10,
     H100,
@@ -22,12 +22,13 @@ from tests.shapes import (
     plain_pod_obj,
     vmi_obj,
 )
+from tests.support.controlplane import UNION_USER, ControlPlane
 
 GPUS = "/apis/gpuplane.io/v1alpha1"
 
 
-def cluster_gpus(server: RunningApiServer) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every GPU object in the emulator by (namespace, name)."""
+def cluster_gpus(server: ControlPlane) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every GPU object in the cluster by (namespace, name)."""
     items = server.request("GET", f"{GPUS}/gpus")["items"]
     return {(g["metadata"]["namespace"], g["metadata"]["name"]): g for g in items}
 
@@ -40,7 +41,7 @@ def mirrored_devices() -> dict[tuple[str, str], tuple[str, str]]:
     }
 
 
-def seed_cluster(server: RunningApiServer) -> None:
+def seed_cluster(server: ControlPlane) -> None:
     """Two tenants: t1's vm1 (2 h100 Bound on n1) with its real launcher and a pod forging
     a launcher's owner; an order of 2 a10 in t2; a budget; three nodes."""
     server.seed(
@@ -58,11 +59,14 @@ def seed_cluster(server: RunningApiServer) -> None:
         gpu_obj("t2", "vm9-gpu1", "a10", "vm9"),
         plain_pod_obj("t2", "trainer", A10, 1, "n2"),
     )
-    vmi = vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {}, "n1")
-    server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
-    real_uid = server.request("GET", "/api/v1/namespaces/t1/pods/virt-launcher-vm1-real1")["metadata"]["uid"]
-    vmi["status"]["activePods"] = {real_uid: "n1"}  # the server gave the pod its uid
-    server.seed(vmi, launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
+    # As KubeVirt does it: the VMI first, its launcher pod owned by the VMI's real uid, then
+    # the VMI's status naming the pod's real uid (a pod whose owner does not exist would be
+    # deleted by the garbage collector). The forger copies the owner reference: it proves nothing.
+    (vmi,) = server.seed(vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {}, "n1"))
+    (launcher,) = server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
+    path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status"
+    server.request("PATCH", path, {"status": {"activePods": {launcher["metadata"]["uid"]: "n1"}}})
+    server.seed(launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
 
 
 class Follower:
@@ -84,6 +88,6 @@ class Follower:
                 runner.watch_until(time.monotonic() + seconds)
 
 
-def gpu_lists(server: RunningApiServer) -> int:
+def gpu_lists(server: ControlPlane) -> int:
     """How many LISTs of GPUs gpuplane has made (the test's own reads not counted)."""
-    return sum(1 for _, resource, verb in server.server.gpuplane_calls if resource == "gpus" and verb == "list")
+    return sum(1 for call in server.calls(UNION_USER) if call.resource == "gpus" and call.verb == "list")

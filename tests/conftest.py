@@ -22,12 +22,10 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from hypothesis import settings as hypothesis_settings
-from kubernetes import client
 from playwright.sync_api import Browser, Page
 
 from binder import apiserver as kube_connection
 from binder import models
-from binder.kube import client as kube_client
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
@@ -35,8 +33,9 @@ from tests import databases, workers
 from tests.browsing import launch_chromium, load_demo, new_page
 from tests.clock import Clock
 from tests.factories import two_tenants
-from tests.kube_emulator import RunningApiServer
 from tests.staff_cluster import load_staff_cluster
+from tests.support.controlplane import UNION_USER, ControlPlane, ControlPlaneError
+from tests.support.faults import FaultWebhook, WatchProxy
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -149,21 +148,55 @@ def demo() -> None:
     load_demo()
 
 
-# -- cluster mode: the API server emulator -------------------------------------------------------
+# -- cluster mode: a real control plane (tests/support/controlplane.py) ------------------------
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-controller-manager for this xdist worker, started on
+    first use (the binaries from ``make kube-bin`` or ``KUBEBUILDER_ASSETS``), with the
+    fault webhook registered; stopped at the end of the session, leaving no process."""
+    try:
+        plane = ControlPlane().start()
+    except ControlPlaneError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        plane.faults = FaultWebhook(plane).start()
+    except BaseException:
+        plane.stop()
+        raise
+    yield plane
+    plane.faults.stop()
+    plane.stop()
 
 
 @pytest.fixture
-def apiserver(settings: Any) -> Iterator[RunningApiServer]:
-    """A running emulator (tests.kube_emulator); gpuplane in cluster mode pointed at it."""
-    with RunningApiServer() as server:
-        configuration = client.Configuration()
-        configuration.host = server.url
-        settings.GPUPLANE_CLUSTER = "kubernetes"
-        kube_connection.use(kube_client.KubeApi(client.ApiClient(configuration), request_timeout=10))
-        try:
-            yield server
-        finally:
-            kube_connection.use(None)
+def apiserver(control_plane: ControlPlane, settings: Any) -> Iterator[ControlPlane]:
+    """The worker's control plane, emptied of the previous test's objects, with gpuplane
+    in cluster mode talking to it as ``gpuplane-test`` (bound to each of deploy/'s
+    ClusterRoles: it may do what their union grants, nothing more)."""
+    control_plane.reset()
+    control_plane.faults.reset()
+    settings.GPUPLANE_CLUSTER = "kubernetes"
+    kube_connection.use(control_plane.kube_api(UNION_USER))
+    try:
+        yield control_plane
+    finally:
+        kube_connection.use(None)
+        control_plane.faults.reset()
+
+
+@pytest.fixture
+def watch_proxy(apiserver: ControlPlane) -> Iterator[WatchProxy]:
+    """gpuplane's connection goes through a :class:`WatchProxy` in front of the apiserver."""
+    proxy = WatchProxy(apiserver).start()
+    kube_connection.use(apiserver.kube_api(UNION_USER, url=proxy.url))
+    try:
+        yield proxy
+    finally:
+        proxy.withhold = None
+        kube_connection.use(None)
+        proxy.stop()
 
 
 # -- real parts: Redis, `celery worker`, gunicorn (tests/workers.py) ------------------------------

@@ -1,29 +1,28 @@
 """The Kubernetes manifests in deploy/, rendered as ``kubectl apply -k`` would render them
 (``kubectl kustomize``), and looked up by kind and name.
 
-Used by tests/test_deploy.py (which skips when kubectl is missing) and by the RBAC test
-of tests/test_cluster.py.
+Used by tests/test_deploy.py and the control-plane tests. kubectl is the one built beside the
+test control plane from pinned modules (``make kube-bin``; tests/support/controlplane.py).
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.support.controlplane import tool
+
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-KUBECTL = shutil.which("kubectl")
 
 
 @functools.cache
 def _render_text(path: str) -> str:
-    assert KUBECTL is not None
     done = subprocess.run(
-        [KUBECTL, "kustomize", path], capture_output=True, text=True, timeout=120, check=False
+        [str(tool("kubectl")), "kustomize", path], capture_output=True, text=True, timeout=120, check=False
     )  # fmt: skip
     assert done.returncode == 0, f"kubectl kustomize {path} failed:\n{done.stderr}"
     return done.stdout

@@ -10,8 +10,8 @@ import pytest
 from binder import models, sync
 from binder.runtime.passes import run_pass
 from tests.cluster_mode import cluster_gpus
-from tests.kube_emulator import RunningApiServer
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.support.controlplane import ControlPlane
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"
 
@@ -23,7 +23,7 @@ def order(name: str) -> dict[str, Any]:
 
 
 @pytest.mark.django_db
-def test_status_writes_carry_the_held_class(apiserver: RunningApiServer) -> None:
+def test_status_writes_carry_the_held_class(apiserver: ControlPlane) -> None:
     apiserver.seed(
         namespace_obj("t1"),
         node_obj("nh", {H100: 1}),

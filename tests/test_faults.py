@@ -7,8 +7,8 @@ Four faults, one test each, against the real parts of a deployment:
    during a webhook burst;
 3. PostgreSQL drops every connection of the database (the worker's, mid-pass, and the web
    server's) while a burst waits;
-4. the API server (``tests.kube_emulator``) fails 30 % of gpuplane's writes at random
-   (409, 500, 503; seeded) in cluster mode.
+4. the real kube-apiserver refuses 30 % of gpuplane's writes at random (409, 500, 503; seeded)
+   in cluster mode, through an admission webhook (tests/support/faults.py).
 
 For each, every webhook answer must be an AdmissionReview (HTTP 200, never a 500): an
 allow, or a denial with the binder's reason or a clear "try again", within
@@ -63,8 +63,9 @@ from gpuplane.celery import app as celery_app
 from tests import workers
 from tests.cluster_mode import GPUS, cluster_gpus, mirrored_devices
 from tests.factories import new_vmi, review
-from tests.kube_emulator import Kind, RunningApiServer
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.support.controlplane import ControlPlane
+from tests.support.faults import Kind
 from tests.webhook_calls import answer_of, post
 from usage.models import UsageRecord
 from webhooks import binding, views
@@ -687,7 +688,7 @@ def test_postgresql_connections_dropped_mid_pass(
 # -- 4. the API server fails writes at random -------------------------------------------------------
 
 
-def cluster_violations(server: RunningApiServer) -> list[str]:
+def cluster_violations(server: ControlPlane) -> list[str]:
     """The invariants on the cluster's own objects, the mirror against the cluster, and the
     mirror's invariants (usage records) as in standalone mode."""
     problems = []
@@ -710,7 +711,7 @@ def cluster_violations(server: RunningApiServer) -> list[str]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_api_server_failing_writes_at_random(
-    request: pytest.FixtureRequest, apiserver: RunningApiServer, client: Client, settings: Any, seed: int
+    request: pytest.FixtureRequest, apiserver: ControlPlane, client: Client, settings: Any, seed: int
 ) -> None:
     wait = 1.0  # the answer pass runs in-process at commit: an answer not there by then will not come
     settings.GPUPLANE_BIND_WAIT_SECONDS = wait
@@ -746,7 +747,7 @@ def test_api_server_failing_writes_at_random(
         injected[code] += 1
         return code
 
-    apiserver.server.fail_writes = flaky
+    apiserver.faults.decide = flaky
 
     def webhook_round() -> list[Answer]:
         answers = []
@@ -782,7 +783,7 @@ def test_api_server_failing_writes_at_random(
     assert len(bound) == 2 + 6  # the held set and three orders of two: room for 6 units
     for gpu_class in apiserver.request("GET", f"{GPUS}/gpuclasses")["items"]:
         assert gpu_class["status"]["bound"] == 8, gpu_class["status"]
-    writes = len(apiserver.server.writes)
+    writes = len(apiserver.faults.writes)
     book = ledger(records)
     assert_ledger_clean(book)
     assert book.after == 2 + 6

@@ -13,8 +13,8 @@ import pytest
 from binder import models, sync
 from binder.runtime.passes import run_pass
 from tests.cluster_mode import cluster_gpus, mirrored_devices
-from tests.kube_emulator import RunningApiServer
 from tests.shapes import A10, H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.support.controlplane import ControlPlane
 
 GPUS = "/apis/gpuplane.io/v1alpha1"
 
@@ -24,7 +24,7 @@ GPUS = "/apis/gpuplane.io/v1alpha1"
 
 @pytest.mark.django_db
 def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
-    apiserver: RunningApiServer,
+    apiserver: ControlPlane,
 ) -> None:
     """A tenant's GPU with ``vmName: "x\\u0000y"`` (JSON allows it, PostgreSQL text does
     not) is refused at the parser, naming the object and the field; the sync mirrors the
@@ -39,7 +39,9 @@ def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
         gpu_obj("t1", "vm1-gpu0", "h100", "vm1"),
         gpu_obj("t2", "vm9-gpu0", "a10", "vm9"),
     )
-    apiserver.seed(gpu_obj("t2", "evil", "a10", "x\u0000y"))
+    # Created while an older CRD without the vmName rule was served (today's refuses it).
+    with apiserver.older_crd("gpus", gpu_obj("t2", "probe", "a10", "x\u0000y")):
+        apiserver.seed(gpu_obj("t2", "evil", "a10", "x\u0000y"))
     applied = sync.sync_once()
     assert applied["GPU"].invalid == 1
     assert set(mirrored_devices()) == {("t1", "vm1-gpu0"), ("t2", "vm9-gpu0")}
@@ -54,7 +56,7 @@ def test_a_gpu_with_a_nul_in_its_vm_name_stops_neither_the_sync_nor_the_passes(
 
 @pytest.mark.django_db
 def test_a_gpu_that_stops_parsing_keeps_its_row_and_units_and_is_marked(
-    apiserver: RunningApiServer,
+    apiserver: ControlPlane,
     client: Any,
 ) -> None:
     """A Bound GPU whose bind-request annotation grows past 128 characters is not deleted:

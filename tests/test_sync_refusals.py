@@ -14,17 +14,18 @@ import pytest
 from binder import models, sync
 from binder.kube import client as kube_client
 from tests.cluster_mode import cluster_gpus, seed_cluster
-from tests.kube_emulator import Kind, RunningApiServer
+from tests.support.controlplane import ControlPlane
+from tests.support.faults import Kind
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_finalizer_the_api_server_forbids_is_counted_and_the_list_goes_on(apiserver: RunningApiServer) -> None:
+def test_a_finalizer_the_api_server_forbids_is_counted_and_the_list_goes_on(apiserver: ControlPlane) -> None:
     seed_cluster(apiserver)
 
     def forbid_gpu_patches(verb: str, kind: Kind, namespace: str, target: str) -> int | None:
         return 403 if (verb, kind.plural, target) == ("patch", "gpus", "vm1-gpu0") else None
 
-    apiserver.server.fail_writes = forbid_gpu_patches
+    apiserver.faults.decide = forbid_gpu_patches
     applied = sync.sync_once()  # raised the 403 out of the GPU list before
 
     assert applied["GPU"].upserted == 4
@@ -38,9 +39,9 @@ def test_a_finalizer_the_api_server_forbids_is_counted_and_the_list_goes_on(apis
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_transient_refusal_waits_for_the_next_event_uncounted(apiserver: RunningApiServer) -> None:
+def test_a_transient_refusal_waits_for_the_next_event_uncounted(apiserver: ControlPlane) -> None:
     seed_cluster(apiserver)
-    apiserver.server.fail_writes = lambda verb, kind, namespace, target: 503 if kind.plural == "gpus" else None
+    apiserver.faults.decide = lambda verb, kind, namespace, target: 503 if kind.plural == "gpus" else None
     sync.sync_once()
     assert models.GpuDevice.objects.count() == 4
     assert models.SyncStatus.objects.get(kind="GPU").errors == 0

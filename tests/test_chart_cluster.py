@@ -3,8 +3,8 @@ rendered chart applied server-side (the CRDs for real, the rest with ``--dry-run
 apiserver validates every object as it would store it), and ``helm install``, ``upgrade`` and
 ``uninstall`` leaving no object of the release behind (the CRDs stay, as Helm keeps them).
 
-The control plane is the session fixture ``control_plane`` (tests/support/controlplane.py: an
-admin kubeconfig at ``.kubeconfig``); without it these tests skip, saying so. The Prometheus
+The control plane is the session fixture ``control_plane`` (tests/conftest.py, tests/support/
+controlplane.py; ``.kubeconfig()`` is the admin's kubeconfig). The Prometheus
 Operator's kinds (ServiceMonitor, PrometheusRule) are left out here: their CRDs are not part of
 this control plane; tests/test_chart.py checks them with promtool and by rendering.
 """
@@ -37,7 +37,8 @@ def kubeconfig(request: pytest.FixtureRequest) -> str:
         plane = request.getfixturevalue("control_plane")
     except pytest.FixtureLookupError:
         pytest.skip("no control_plane fixture (tests/support/controlplane.py) in this tree")
-    return str(plane.kubeconfig)
+    kubeconfig = plane.kubeconfig  # a method of the admin identity (tests/support/controlplane.py)
+    return str(kubeconfig() if callable(kubeconfig) else kubeconfig)
 
 
 def kubectl(kubeconfig: str, *args: str, check: bool = True, stdin: str | None = None) -> str:
@@ -70,7 +71,9 @@ def test_the_rendered_chart_applies_server_side(kubeconfig: str, mode: str) -> N
     """The CRDs applied for real; everything else (the namespace of ci/custom-values.yaml
     included) as a server-side dry run."""
     apply_crds(kubeconfig)
-    namespace, prefix = f"chart-dry-{mode}", "gp" if mode == "custom" else "gpuplane"
+    # A release of its own: deploy/'s RBAC (gpuplane-*) is installed on this control plane for real.
+    namespace, release = f"chart-dry-{mode}", "dry-gpuplane"
+    prefix = "gp" if mode == "custom" else release
     extra = {
         "cluster": CLUSTER_VALUES,
         "standalone": ("--set", "mode=standalone"),
@@ -79,7 +82,7 @@ def test_the_rendered_chart_applies_server_side(kubeconfig: str, mode: str) -> N
     if mode != "custom":  # custom-values.yaml renders its namespace itself
         kubectl(kubeconfig, "create", "namespace", namespace, check=False)
     rendered = template_text(
-        release="gpuplane", namespace=namespace, extra=(*extra, "--set", "metrics.dashboards.enabled=true")
+        release=release, namespace=namespace, extra=(*extra, "--set", "metrics.dashboards.enabled=true")
     )
     docs = without_monitoring(rendered)
     if mode == "custom":  # the dry run of the Namespace does not create it: create it, then the rest
@@ -105,6 +108,15 @@ def leftovers(kubeconfig: str, release: str) -> list[str]:
 def test_helm_install_upgrade_and_uninstall_leave_no_stray_objects(kubeconfig: str, tmp_path: Path) -> None:
     release, namespace = "chart-gpuplane", "chart-helm"
     base = ("--namespace", namespace, *CLUSTER_VALUES, "--set", "metrics.dashboards.enabled=true")
+    try:
+        install_upgrade_uninstall(kubeconfig, tmp_path, release, namespace, base)
+    finally:  # a failed test must not leave a webhook (failurePolicy Fail) refusing VMIs
+        helm(kubeconfig, tmp_path, "uninstall", release, "--namespace", namespace, "--ignore-not-found", check=False)
+
+
+def install_upgrade_uninstall(
+    kubeconfig: str, tmp_path: Path, release: str, namespace: str, base: tuple[str, ...]
+) -> None:
     helm(kubeconfig, tmp_path, "install", release, str(CHART), "--create-namespace", *base)
     status = json.loads(helm(kubeconfig, tmp_path, "status", release, "--namespace", namespace, "-o", "json"))
     assert status["info"]["status"] == "deployed"

@@ -30,7 +30,7 @@ demo: $(VENV)/.runtime
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-## kube-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the
+## kube-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and promtool from the
 ## pinned Go modules in hack/kube (cached outside the repo by go.sum's hash; nothing to do when built;
 ## KUBEBUILDER_ASSETS=DIR uses envtest's binaries instead)
 .PHONY: kube-bin

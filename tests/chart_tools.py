@@ -1,6 +1,6 @@
 """The chart's tools for the tests: helm, promtool and kubectl, built by hack/kube-bin.sh from the Go
-module pinned in hack/kube (the last line it prints is the directory holding them), and
-``helm template`` of charts/gpuplane.
+module pinned in hack/kube beside the control plane's binaries (tests/support/controlplane.py finds
+them), and ``helm template`` of charts/gpuplane.
 """
 
 from __future__ import annotations
@@ -13,25 +13,28 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.controlplane import ControlPlaneError
+from tests.support.controlplane import tool as control_plane_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpuplane"
-KUBE_BIN = ROOT / "hack" / "kube-bin.sh"
 
 
 @functools.cache
-def _bin_dir() -> Path | str:
-    """The cache directory, or why it could not be had (built once per test process)."""
-    done = subprocess.run([str(KUBE_BIN)], capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0 or not done.stdout.strip():
-        return f"hack/kube-bin.sh failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
-    return Path(done.stdout.strip().splitlines()[-1])
+def _tool(name: str) -> Path | str:
+    try:
+        return control_plane_tool(name)
+    except ControlPlaneError as exc:
+        return str(exc)
 
 
 def tool(name: str) -> str:
-    found = _bin_dir()
+    """helm, promtool or kubectl, as the control plane's binaries are found (``KUBEBUILDER_ASSETS``,
+    else hack/kube-bin.sh's cache); without them the test fails saying how to get them."""
+    found = _tool(name)
     if isinstance(found, str):
-        pytest.skip(found)
-    return str(found / name)
+        pytest.fail(found, pytrace=False)
+    return str(found)
 
 
 def run(*args: str, check: bool = True, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:

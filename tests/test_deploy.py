@@ -68,6 +68,7 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
 EXPECTED_UNION = {
     *{(g, r, v) for g, r in MIRRORED for v in ("list", "watch")},
     ("kubevirt.io", "virtualmachineinstances", "get"),
+    ("kubevirt.io", "virtualmachineinstances", "list"),
     *{(GROUP, r, "get") for r in ("gpus", "gpuclasses", "gpubudgets")},
     *{(GROUP, r, "patch") for r in ("gpus", "gpuclasses")},
     *{(GROUP, f"{r}/status", "patch") for r in ("gpus", "gpuclasses", "gpubudgets")},
@@ -245,7 +246,8 @@ def test_crd_fields_per_spec() -> None:
     assert cls["spec"]["required"] == ["resourceName"]
     units = cls["spec"]["properties"]["unitsPerDevice"]
     assert (units["type"], units["minimum"], units["default"]) == ("integer", 1, 1)
-    assert cls["spec"]["properties"]["nodeSelector"]["additionalProperties"] == {"type": "string"}
+    selector = cls["spec"]["properties"]["nodeSelector"]["additionalProperties"]
+    assert selector["type"] == "string" and selector["maxLength"] == 63
     assert cls["spec"]["properties"]["displayName"]["type"] == "string"
     assert {k: v["type"] for k, v in cls["status"]["properties"].items()} == {
         "allocatable": "integer", "bound": "integer", "lost": "integer",

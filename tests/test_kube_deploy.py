@@ -10,6 +10,8 @@ refuse every other test's VMIs.
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 from typing import Any
 
@@ -23,9 +25,27 @@ from tests.support.controlplane import ApiError, ControlPlane, tool
 DRY_RUN = {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "PodDisruptionBudget"}
 
 
+CA_PLACEHOLDER = "FILL_ME_FROM_manage.py_webhook_cert"
+
+
+def as_an_operator_sets_it(plane: ControlPlane, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one value deploy/ leaves to the operator (docs/webhook.md): the webhook's CA bundle,
+    here the test control plane's CA. The placeholder itself is not base64: a server refuses it."""
+    ca = base64.b64encode(plane.pki.ca_file.read_bytes()).decode()
+    text = json.dumps(docs).replace(CA_PLACEHOLDER, ca)
+    return list(json.loads(text))
+
+
+def test_the_ca_placeholder_is_refused_as_it_stands(control_plane: ControlPlane) -> None:
+    (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
+    assert CA_PLACEHOLDER in json.dumps(config)
+    with pytest.raises(ApiError, match="base64"):
+        control_plane.apply(config, dry_run=True)
+
+
 @pytest.mark.parametrize("name", ["cluster", "standalone"])
 def test_the_overlay_applies_cleanly(control_plane: ControlPlane, name: str) -> None:
-    docs = overlay(name)
+    docs = as_an_operator_sets_it(control_plane, overlay(name))
     assert docs
     refused = []
     for doc in docs:
@@ -40,7 +60,7 @@ def test_the_overlay_applies_cleanly(control_plane: ControlPlane, name: str) -> 
 
 def test_kubectl_applies_the_overlay_server_side(control_plane: ControlPlane) -> None:
     """The same through kubectl itself (built beside the control plane), as an operator runs it."""
-    rendered = yaml.safe_dump_all(overlay("cluster"))
+    rendered = yaml.safe_dump_all(as_an_operator_sets_it(control_plane, overlay("cluster")))
     done = subprocess.run(
         [str(tool("kubectl")), "--kubeconfig", str(control_plane.kubeconfig()), "apply", "--server-side",
          "--dry-run=server", "--field-manager=gpuplane-tests", "-f", "-"],

@@ -21,14 +21,16 @@ from typing import Any
 import pytest
 
 from binder import apiserver as kube_connection
+from binder import queue as binder_queue
 from binder import sync
 from binder.actions import change_node
 from binder.engine.preview import NodeAction
 from binder.runtime.passes import run_pass
 from tests.cluster_mode import GPUS, seed_cluster
 from tests.factories import new_vmi, review
+from tests.shapes import gpu_obj
 from tests.support.controlplane import IDENTITIES, ControlPlane
-from tests.webhook_calls import allowed_patch, post
+from tests.webhook_calls import denied, post
 
 ROOT = Path(__file__).resolve().parents[1]
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -38,6 +40,11 @@ EVERYONE = {
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
     ("authorization.k8s.io", "selfsubjectrulesreviews", "create"),
     ("authentication.k8s.io", "selfsubjectreviews", "create"),
+    # Every ServiceAccount may read ClusterTrustBundles (for projected trust anchors; the
+    # bootstrap ClusterRole system:cluster-trust-bundle-discovery, bound to all of them).
+    ("certificates.k8s.io", "clustertrustbundles", "get"),
+    ("certificates.k8s.io", "clustertrustbundles", "list"),
+    ("certificates.k8s.io", "clustertrustbundles", "watch"),
 }
 
 Grants = dict[str, set[tuple[str, str, str]]]
@@ -96,7 +103,7 @@ def test_each_identity_may_do_exactly_what_the_docs_table_says(apiserver: Contro
 
 @pytest.mark.django_db(transaction=True)
 def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
-    apiserver: ControlPlane, client: Any, monkeypatch: Any
+    apiserver: ControlPlane, client: Any, monkeypatch: Any, settings: Any
 ) -> None:
     """Each code path runs as the identity of the process that runs it in production; the
     audit log then says, per identity, what was called: nothing refused, nothing granted
@@ -128,28 +135,46 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
         return None
 
     apiserver.faults.decide = first_status_write_conflicts
+    monkeypatch.setattr(records, "_LIST_VMIS_FROM", 0)  # the launcher pods' VMIs by one LIST
     run_pass("full")
+    monkeypatch.setattr(records, "_LIST_VMIS_FROM", 200)
     apiserver.faults.decide = None
     assert conflicted == {"gpus", "gpuclasses", "gpubudgets"}
-    monkeypatch.setattr(records, "_LIST_VMIS_FROM", 0)
+    # The VMI ends: its pods are the next pass's subjects, their VMI read by a GET.
     apiserver.request(
         "PATCH",
         "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status",
-        {"status": {"phase": "Running"}},
+        {"status": {"activePods": None}},
     )
     as_identity(apiserver, "gpuplane-sync")
     sync.sync_once()
     as_identity(apiserver, "gpuplane-binder")
     run_pass("full")
-    monkeypatch.setattr(records, "_LIST_VMIS_FROM", 200)
 
-    # The webhook server (Deployment gpuplane-webhook): the bind-request annotation.
+    # The webhook server (Deployment gpuplane-webhook): a new order's VMI starts, the webhook
+    # writes the bind request annotation; the binder (not the webhook) answers it.
+    apiserver.seed(gpu_obj("t2", "vm8-gpu0", "a10", "vm8"))
+    as_identity(apiserver, "gpuplane-sync")
+    sync.sync_once()
     as_identity(apiserver, "gpuplane-webhook")
-    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
-    allowed_patch(post(client, body), body)
+    # Here every process is this one: the answer pass the webhook queues would run in-process,
+    # as the webhook's identity. In a deployment it runs in the binder worker: so it does here,
+    # below, after the webhook gave up waiting.
+    queued: list[str] = []
+    monkeypatch.setattr(binder_queue, "queue_answer_pass", lambda: queued.append("answer"))
+    settings.GPUPLANE_BIND_WAIT_SECONDS = 0.5
+    body = review(new_vmi("t2", "vm8", ["vm8-gpu0"]))
+    assert "try again" in denied(post(client, body), body)
+    assert queued
+    as_identity(apiserver, "gpuplane-binder")
+    run_pass("answer")
+    annotations = apiserver.request("GET", f"{GPUS}/namespaces/t2/gpus/vm8-gpu0")["metadata"]["annotations"]
+    assert "gpuplane.io/bind-request" in annotations
 
-    # An operator deletes a class; the sync notes it, the binder releases the finalizer.
+    # An operator deletes a class, a tenant a GPU; the sync notes both, the binder releases
+    # their finalizers.
     apiserver.request("DELETE", f"{GPUS}/gpuclasses/a10")
+    apiserver.request("DELETE", f"{GPUS}/namespaces/t1/gpus/vm1-gpu1")
     as_identity(apiserver, "gpuplane-sync")
     sync.sync_once()
     as_identity(apiserver, "gpuplane-binder")

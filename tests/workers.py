@@ -112,13 +112,13 @@ class Worker:
 
 @contextmanager
 def webhook_server(
-    env: dict[str, str], workdir: Path, *, scheme: str = "http", probe_http: bool = True
+    env: dict[str, str], workdir: Path, *, scheme: str = "http", probe_http: bool = True, port: int | None = None
 ) -> Iterator[str]:
     """The production webhook server (``deploy/webhook_server.py``: granian, its own port)
     with ``env`` on a free port; yields its URL once ``/healthz`` answers (or, with
     ``probe_http=False``, once the port accepts: a server that demands client certificates
     answers no probe without one)."""
-    port = free_port()
+    port = port or free_port()
     env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_ENABLED": "true"}
     log = (workdir / "webhook-server.log").open("w")
     process = subprocess.Popen(

@@ -153,6 +153,34 @@ class Pki:
     def serving(self, name: str) -> tuple[Path, Path]:
         return self.dir / f"{name}.crt", self.dir / f"{name}.key"
 
+    def client(self, name: str) -> tuple[Path, Path]:
+        """A client certificate (CN ``name``) signed by the CA, made on first use."""
+        crt, key_file = self.dir / f"client-{name}.crt", self.dir / f"client-{name}.key"
+        if not crt.exists():
+            ca_key = serialization.load_pem_private_key((self.dir / "ca.key").read_bytes(), password=None)
+            ca = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
+            key = ec.generate_private_key(ec.SECP256R1())
+            now = dt.datetime.now(dt.UTC)
+            cert = (
+                x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                .issuer_name(ca.subject)
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=2))
+                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .add_extension(
+                    x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
+                    critical=False,
+                )
+                .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+            )
+            crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+            key_file.write_bytes(_key_pem(key))
+        return crt, key_file
+
 
 def _key_pem(key: Any) -> bytes:
     return bytes(
@@ -208,9 +236,7 @@ def make_pki(directory: Path, serving_names: tuple[str, ...]) -> Pki:
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             # Python's strict X.509 checks (3.13) want both key identifiers.
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
         crt, key_file = Pki(directory).serving(name)
@@ -307,6 +333,8 @@ class ControlPlane:
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="gpuplane-kube-", dir=base))
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        #: The port a test serves a webhook on to be called with the apiserver's client certificate.
+        self.webhook_cert_port = free_port()
         self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self.tokens: dict[str, str] = {}
         self.processes: dict[str, Process] = {}
@@ -324,6 +352,7 @@ class ControlPlane:
         self.pki = make_pki(self.dir / "pki", ("apiserver", "webhook"))
         self._write_tokens()
         (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        self._write_admission_config()
         self.audit_log = self.dir / "audit.log"
         self.processes["etcd"] = Process(
             "etcd",
@@ -354,6 +383,7 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount",
                 f"--audit-policy-file={self.dir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-mode=blocking", "--audit-log-maxsize=0",
+                f"--admission-control-config-file={self.dir / 'admission.yaml'}",
             ],
             self.dir / "kube-apiserver.log",
         )  # fmt: skip
@@ -398,7 +428,44 @@ class ControlPlane:
             )
         add(UNION_USER, UNION_USER, [])
         (self.dir / "tokens.csv").write_text("\n".join(rows) + "\n")
+        # What the apiserver presents when it calls an admission webhook (docs/webhook.md, "Who
+        # may call"): a client certificate for one port on localhost, this bearer token elsewhere.
+        self.webhook_token = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
+        (self.dir / "webhook-token").write_text(self.webhook_token + "\n")
         (self.dir / "tokens.csv").chmod(0o600)
+
+    def _write_admission_config(self) -> None:
+        """The AdmissionConfiguration docs/webhook.md tells operators to give the apiserver:
+        a kubeconfig saying how it authenticates to webhooks, by the webhook's host."""
+        crt, key = self.pki.client("apiserver-webhook-client")
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            # Users are matched by the webhook's host:port, then "*": the client certificate
+            # for a webhook on localhost:<webhook_cert_port>, the token for every other.
+            "users": [
+                {"name": "*", "user": {"token": self.webhook_token}},
+                {
+                    "name": f"localhost:{self.webhook_cert_port}",
+                    "user": {"client-certificate": str(crt), "client-key": str(key)},
+                },
+            ],
+        }
+        (self.dir / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig))
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(self.dir / "webhook-kubeconfig.yaml"),
+        }
+        admission = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [
+                {"name": "MutatingAdmissionWebhook", "configuration": plugin},
+                {"name": "ValidatingAdmissionWebhook", "configuration": plugin},
+            ],
+        }
+        (self.dir / "admission.yaml").write_text(yaml.safe_dump(admission))
 
     def user(self, identity: str) -> str:
         """The user name a deploy/ identity (``gpuplane-sync``...) authenticates as."""
@@ -549,24 +616,46 @@ class ControlPlane:
 
     def seed(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:
         """Create each object, then write its status through ``/status``, the way real
-        objects get theirs (kubelet, KubeVirt, gpuplane); returns them as stored."""
+        objects get theirs (kubelet, KubeVirt, gpuplane); returns them as stored.
+
+        What the server decides for itself is realised rather than sent: it refuses a
+        ``resourceVersion`` on create and replaces ``uid`` and ``creationTimestamp``. So a
+        uid the test gave is swapped for the server's wherever later objects name it (owner
+        references, KubeVirt's labels, a VMI's ``activePods``: statuses are written after
+        every object exists), and GPUs the test dated later are created in a later second
+        (the server's timestamps have second resolution), so "oldest order first" sees the
+        order the test meant.
+        """
         from binder.kube.client import RESOURCES
 
-        stored = []
+        uids: dict[str, str] = {}
+        created_objects: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        last_given = ""
+        last_second = 0
         for obj in objects:
             resource = RESOURCES[obj["kind"]]
             namespace = obj["metadata"].get("namespace")
+            given = str(obj["metadata"].get("creationTimestamp") or "")
+            if obj["kind"] == "GPU" and last_given and given > last_given:
+                while int(time.time()) <= last_second:
+                    time.sleep(0.02)
             body = {k: v for k, v in obj.items() if k != "status"}
-            # The server sets these itself (a resourceVersion in a create is refused; a uid or a
-            # creationTimestamp is replaced: tests order objects by creation, not by these).
             body["metadata"] = {k: v for k, v in obj["metadata"].items() if k not in SERVER_SET}
-            created = self.request("POST", resource.path(namespace), body)
+            created = self.request("POST", resource.path(namespace), _swap(body, uids))
+            if obj["kind"] == "GPU":
+                last_given, last_second = given, int(time.time())
+            if obj["metadata"].get("uid"):
+                uids[str(obj["metadata"]["uid"])] = created["metadata"]["uid"]
+            created_objects.append((obj, created))
+        stored = []
+        for obj, created in created_objects:
             status = dict(obj.get("status") or {})
             if obj["kind"] == "Pod":
                 status.pop("qosClass", None)  # computed by the server from the containers, immutable
             if status:
-                path = resource.path(namespace, created["metadata"]["name"], "status")
-                created = self.request("PATCH", path, {"status": status})
+                resource = RESOURCES[obj["kind"]]
+                path = resource.path(obj["metadata"].get("namespace"), created["metadata"]["name"], "status")
+                created = self.request("PATCH", path, {"status": _swap(status, uids)})
             stored.append(created)
         return stored
 
@@ -726,10 +815,31 @@ class ControlPlane:
         self.stop()
 
 
+def _swap(value: Any, uids: dict[str, str]) -> Any:
+    """``value`` with every uid the test gave replaced by the one the server assigned."""
+    if not uids:
+        return value
+    text = json.dumps(value)
+    for given, assigned in uids.items():
+        text = text.replace(given, assigned)
+    return json.loads(text)
+
+
+RULE_KEYS = ("pattern", "x-kubernetes-validations", "maxLength", "maxItems", "minLength", "minItems", "required")
+
+
 def _strip_rules(node: Any) -> Any:
     """A schema without its value rules (types and structure kept: it stays structural)."""
     if isinstance(node, dict):
-        for key in ("pattern", "x-kubernetes-validations", "maxLength", "maxItems", "minLength", "minItems", "required"):
+        for key in (
+            "pattern",
+            "x-kubernetes-validations",
+            "maxLength",
+            "maxItems",
+            "minLength",
+            "minItems",
+            "required",
+        ):
             node.pop(key, None)
         if node.get("x-kubernetes-list-type") == "set":
             node["x-kubernetes-list-type"] = "atomic"

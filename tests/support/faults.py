@@ -108,11 +108,10 @@ class FaultWebhook:
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         resource = request.get("resource", {})
         kind = Kind(resource.get("resource", ""), resource.get("group", ""))
-        operation = request.get("operation", "")
-        options = (request.get("options") or {}).get("kind", "")
-        verb = {"CREATE": "create", "DELETE": "delete"}.get(
-            operation, "patch" if options == "PatchOptions" else "update"
-        )
+        # Admission sees a PATCH as an UPDATE (with UpdateOptions); gpuplane never PUTs
+        # (tests/test_deploy.py checks the client makes only GETs and PATCHes), so an UPDATE
+        # is told to the decider by the RBAC verb it needed: patch.
+        verb = {"CREATE": "create", "DELETE": "delete"}.get(request.get("operation", ""), "patch")
         name = request.get("name", "") or (request.get("object") or {}).get("metadata", {}).get("name", "")
         target = name + (f"/{request['subResource']}" if request.get("subResource") else "")
         namespace = request.get("namespace", "") or ""

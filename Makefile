@@ -49,12 +49,19 @@ kube-bin-for-tests:
 services:
 	hack/services.sh
 
+# What the suite needs besides Python, checked before anything is built (hack/prereqs.sh).
+.PHONY: prereqs prereqs-postgres
+prereqs:
+	@hack/prereqs.sh
+prereqs-postgres:
+	@hack/prereqs.sh postgres
+
 ## test: the whole suite on SQLite (set DATABASE_URL to run it on PostgreSQL)
-test: $(VENV)/.dev kube-bin-for-tests
+test: prereqs $(VENV)/.dev kube-bin-for-tests
 	$(PYTEST)
 
 ## test-postgres: the whole suite on the local PostgreSQL; skips count as failures
-test-postgres: $(VENV)/.dev kube-bin-for-tests
+test-postgres: prereqs-postgres $(VENV)/.dev kube-bin-for-tests
 	DATABASE_URL=$(PG_URL) GPUPLANE_FORBID_SKIPS=1 $(PYTEST)
 
 ## check-docs: every command, Make target, bench flag and link the docs show exists; the settings table is complete

@@ -18,10 +18,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from kubernetes.client import ApiException
 
 from binder import apiserver, models
-from binder.engine.preview import EFFECT, NodeAction
+from binder.engine.preview import EFFECT, READINESS, NodeAction, title
 from binder.engine.types import DRAIN_LABEL
 from binder.errors import describe
 from binder.mirror.write import mirror_event
@@ -191,11 +192,12 @@ class NodeActionOutcome:
     written_to: str
     """Where the change went: "the API server" (cluster mode) or "the mirror" (standalone)."""
     sets: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
-    """After the pass (when it ran): the sets that were on the node, their phase and nodes."""
+    """After the pass (when it ran): the sets that were on the node and those the pass
+    changed, their phase and nodes."""
 
     @property
     def message(self) -> str:
-        text = f"{self.action.value.capitalize()} {self.node}: {EFFECT[self.action]} (written to {self.written_to})."
+        text = f"{title(self.action)} {self.node}: {EFFECT[self.action]} (written to {self.written_to})."
         where = "; ".join(
             f"{key} {phase}{' on ' + ', '.join(nodes) if nodes else ''}" for key, phase, nodes in self.sets
         )
@@ -244,6 +246,13 @@ def _write_node_row(name: str, action: NodeAction) -> None:
     row = models.Node.objects.select_for_update().filter(name=name).first()
     if row is None:
         raise NodeActionError(f"no node {name} in the mirror; nothing was changed")
+    if action in READINESS:
+        # Standalone mode: the database is the cluster, so staff stand in for the kubelet.
+        ready = action is NodeAction.READY
+        if row.ready != ready:
+            row.ready, row.ready_since = ready, timezone.now()
+            row.save(update_fields=["ready", "ready_since"])
+        return
     if action in (NodeAction.CORDON, NodeAction.UNCORDON):
         row.unschedulable = action is NodeAction.CORDON
         row.save(update_fields=["unschedulable"])
@@ -272,10 +281,18 @@ def change_node(name: str, action: NodeAction, triggered_by: str = "staff") -> N
         )
     )
     cluster_mode = apiserver.cluster_mode()
+    if cluster_mode and action in READINESS:
+        raise NodeActionError(
+            f"in cluster mode the kubelet reports whether {name} is Ready; nothing was changed"
+        )
     write = _write_node_to_api_server if cluster_mode else _write_node_row
     outcome = full_pass_now(triggered_by, change=lambda: write(name, action))
     sets = []
     if outcome.run is not None:
+        # The sets it held, then every other set the pass placed, moved or sent to Lost (a
+        # node back to Ready takes its Lost sets back: "team-nlp/llm-train-a Bound on ...").
+        decided = models.Decision.objects.filter(pass_run=outcome.run).values_list("namespace", "vm_name")
+        held += sorted(set(decided) - set(held))
         for namespace, vm in held:
             rows = list(
                 models.GpuDevice.objects.filter(namespace__name=namespace, vm_name=vm).values_list("phase", "node")

@@ -216,8 +216,6 @@ class GpuDeviceAdmin(MirrorAdmin):
         "bind_request",
         "answered_request",
         "answer",
-        "decision_history",
-        "placement_explanation",
     ]
     actions = [run_full_pass]
 
@@ -240,6 +238,28 @@ class GpuDeviceAdmin(MirrorAdmin):
         if obj.since is None:
             return "-"
         return f"{iso(obj.since)} ({obj.phase} {age(obj.since)})"
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The device page leads with what staff come for, read-only: phase, node (or the
+        node a Lost device was lost from), the class held, why, and the decisions; the raw
+        mirror row's form follows, folded, only for who may edit it (standalone mode)."""
+        device = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if device is not None:
+            context["device_status"] = {
+                "phase": device.phase,
+                "node": device.node,
+                "lost_from": lost_from(device) if device.phase == models.Phase.LOST else "",
+                "held_class": self.held_class(device),
+                "set": f"{device.namespace.name}/{device.vm_name}",
+                "since": self.since_age(device),
+                "reason": device.reason,
+                "explanation": self.placement_explanation(device),
+                "decisions": self.decision_history(device),
+            }
+        return super().change_view(request, object_id, form_url, extra_context=context)
 
     # -- why a Lost or Pending device's set does not fit, worked out now --
     @admin.display(description="why not placed, now")
@@ -278,6 +298,20 @@ class GpuDeviceAdmin(MirrorAdmin):
                 ),
             ),
         )
+
+
+def lost_from(device: models.GpuDevice) -> str:
+    """The node a Lost device was lost from: its last decision into Lost says (a Lost
+    device holds no node of its own)."""
+    return (
+        models.Decision.objects.filter(
+            namespace=device.namespace.name, device_name=device.name, to_phase=models.Phase.LOST
+        )
+        .exclude(from_node="")
+        .values_list("from_node", flat=True)
+        .first()
+        or ""
+    )
 
 
 @admin.register(models.GpuBudget)

@@ -28,10 +28,12 @@ default) Celery runs the task in-process at commit.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 
@@ -195,6 +197,26 @@ def _queue_on_commit(send: Callable[[], None]) -> None:
     if connection.in_atomic_block and any(_same_send(entry[1], send) for entry in connection.run_on_commit):
         return
     transaction.on_commit(send)
+
+
+#: Set while mirror changes must not queue passes by themselves (:func:`passes_held`).
+_HELD: contextvars.ContextVar[bool] = contextvars.ContextVar("gpuplane_passes_held", default=False)
+
+
+@contextlib.contextmanager
+def passes_held() -> Iterator[None]:
+    """Mirror changes made inside queue no full pass: whoever holds them runs or queues
+    the pass itself, once, afterwards (``load_snapshot``; ``--no-pass`` queues none)."""
+    token = _HELD.set(True)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def auto_pass() -> bool:
+    """Whether a mirror change queues a full pass now (``GPUPLANE_AUTO_PASS``, not held)."""
+    return bool(settings.GPUPLANE_AUTO_PASS) and not _HELD.get()
 
 
 def queue_full_pass(triggered_by: str = "event", delay: float = 0.0) -> None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 
 from binder import models
-from binder.queue import queue_full_pass
+from binder.queue import auto_pass, queue_full_pass
 
 MIRRORED = (
     models.Namespace,
@@ -26,7 +25,7 @@ MIRRORED = (
 
 
 def _changed(sender: Any, **kwargs: Any) -> None:
-    if settings.GPUPLANE_AUTO_PASS and not kwargs.get("raw", False):
+    if auto_pass() and not kwargs.get("raw", False):
         queue_full_pass()
 
 

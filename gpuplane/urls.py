@@ -5,6 +5,7 @@ from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.decorators.csp import csp_override
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from binder.metrics import metrics_view
@@ -43,6 +44,8 @@ admin.site.site_title = "gpuplane"
 admin.site.index_title = "GPU placement, budgets and usage"
 
 urlpatterns = [
+    # Nothing is served at the root: a newcomer who opens the host lands in the admin.
+    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False), name="root"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),

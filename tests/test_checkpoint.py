@@ -129,7 +129,6 @@ def _corrupt_payload() -> None:
 @pytest.mark.parametrize(
     ("spoil", "said"),
     [
-        (lambda: models.Checkpoint.objects.all().delete(), "no checkpoint saved"),
         (_corrupt_checksum, "corrupt (checksum mismatch)"),
         (_corrupt_payload, "is corrupt (error"),
         (lambda: models.Checkpoint.objects.update(schema="0:old"), "has schema '0:old'"),
@@ -138,7 +137,7 @@ def _corrupt_payload() -> None:
             "older than the change feed's retention",
         ),
     ],
-    ids=["missing", "checksum", "unpickle", "schema", "retention"],
+    ids=["checksum", "unpickle", "schema", "retention"],
 )
 @pytest.mark.django_db
 @pytest.mark.usefixtures("checkpoints")

@@ -177,3 +177,35 @@ def test_a_broken_link_an_unknown_anchor_a_missing_command_and_flag_are_found(tm
     assert flags == ["--no-such-flag", "--nor-this"]
     shown = [m for line in code_lines(page.read_text()) for m in re.findall(r"manage\.py\s+([a-z_]+)", line)]
     assert shown == ["no_such_command"] and "no_such_command" not in get_commands()
+
+
+def test_every_manage_py_line_shown_runs_as_written_with_the_system_python_first(tmp_path: Path) -> None:
+    """A newcomer pastes ``./manage.py issue_token ...`` in a shell whose ``python3`` is the
+    system's (no Django): each command shown that way starts (its ``--help``) and is the
+    project's, from its venv."""
+    shown = sorted(
+        {
+            m
+            for page in PAGES
+            for line in code_lines(page.read_text())
+            for m in re.findall(r"\./manage\.py\s+([a-z_]+)", line)
+        }
+    )
+    assert shown, "the docs show no ./manage.py command any more: drop this test"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    system_python = Path(sys.base_prefix) / "bin" / "python3"
+    assert subprocess.run([system_python, "-c", "import django"], capture_output=True, check=False).returncode
+    (bin_dir / "python3").symlink_to(system_python)
+    for name in shown:
+        done = subprocess.run(
+            [str(ROOT / "manage.py"), name, "--help"],
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, (name, done.stderr)
+        assert f"manage.py {name}" in done.stdout

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from binder.kube.client import RESOURCES
 from binder.kube.objects import ObjectError, parse_object
 from tests.shapes import FIXTURES
 from tests.support.controlplane import SERVER_SET, ApiError, ControlPlane
@@ -26,21 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 GROUP, VERSION = "gpuplane.io", "v1alpha1"
 GPUPLANE_KINDS = ("GPUClass", "GPU", "GPUBudget")
-PLURALS = {"GPUClass": "gpuclasses", "GPU": "gpus", "GPUBudget": "gpubudgets"}
 
 
 def path_of(obj: dict[str, Any], name: str | None = None, sub: str | None = None) -> str:
+    """Where ``obj`` lives in the API (a bad kind or apiVersion goes to GPUs: the server says why)."""
     meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace")
-    base = f"/apis/{GROUP}/{VERSION}"
-    if obj.get("kind") != "GPUClass" and namespace:
-        base += f"/namespaces/{namespace}"
-    base += f"/{PLURALS.get(obj.get('kind', ''), 'gpus')}"
-    if name:
-        base += f"/{name}"
-    if sub:
-        base += f"/{sub}"
-    return base
+    resource = RESOURCES.get(obj.get("kind", ""), RESOURCES["GPU"])
+    return resource.path(meta.get("namespace"), name, sub)
 
 
 def causes(exc: ApiError) -> list[str]:

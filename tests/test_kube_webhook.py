@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from binder.runtime.passes import run_pass
 from tests import workers
 from tests.factories import new_vmi
 from tests.manifests import overlay
-from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from tests.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
 from tests.support.controlplane import ApiError, ControlPlane
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
@@ -160,4 +162,89 @@ def test_with_the_webhook_down_failure_policy_fail_refuses_the_create(apiserver:
             break
         assert time.monotonic() < deadline, "the configuration was never picked up"
         time.sleep(0.2)
+    assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []
+
+
+@pytest.mark.slow
+def test_a_vmi_naming_a_pending_set_is_admitted_through_the_real_chain(
+    apiserver: ControlPlane, webhook: str, start_worker: Any, tmp_path: Path
+) -> None:
+    """Every process as deployed, each as its own identity: the sync (``manage.py
+    sync_cluster``), the binder (a `celery worker`) and the webhook server. The webhook writes
+    the bind request, the worker's answer pass binds the set and writes the answer through
+    ``/status``, and the apiserver stores the VMI pinned, within the webhook's 10 s timeout."""
+    bound_cluster(apiserver)
+    apiserver.seed(gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync_env = {
+        **os.environ,
+        "DATABASE_URL": workers.database_url(),
+        "CELERY_BROKER_URL": workers.REDIS_URL,
+        "GPUPLANE_BROKER_KEY_PREFIX": workers.PREFIX,
+        "GPUPLANE_VAR_DIR": str(tmp_path),
+        "GPUPLANE_CLUSTER": "kubernetes",
+        # Events queue no full pass here: the order must still be Pending when its VMI starts.
+        "GPUPLANE_AUTO_PASS": "false",
+        "KUBECONFIG": str(apiserver.kubeconfig("gpuplane-sync")),
+    }
+    sync_env.pop("GPUPLANE_KUBE_HOST", None)
+    log = (tmp_path / "sync.log").open("w")
+    syncing = subprocess.Popen(
+        [sys.executable, "manage.py", "sync_cluster", "--no-progress"],
+        cwd=workers.ROOT, env=sync_env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        start_worker("binder", GPUPLANE_CLUSTER="kubernetes", KUBECONFIG=str(apiserver.kubeconfig("gpuplane-binder")))
+        register(apiserver, webhook)
+        wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+        started = time.monotonic()
+        stored = create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+        seconds = time.monotonic() - started
+        assert stored["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "hgx-01"
+        assert seconds < 10, seconds
+        gpu = apiserver.request("GET", "/apis/gpuplane.io/v1alpha1/namespaces/t1/gpus/vm2-gpu0")
+        request_id = gpu["metadata"]["annotations"]["gpuplane.io/bind-request"]
+        assert gpu["status"]["answeredRequest"] == request_id and gpu["status"]["phase"] == "Bound"
+        refused = [c for c in apiserver.calls() if c.code == 403]
+        assert not refused, refused
+    finally:
+        syncing.terminate()
+        try:
+            syncing.wait(10)
+        except subprocess.TimeoutExpired:
+            syncing.kill()
+            syncing.wait(10)
+        log.close()
+
+
+def test_an_order_over_budget_is_refused_naming_the_key(apiserver: ControlPlane, webhook: str) -> None:
+    bound_cluster(apiserver)
+    apiserver.seed(budget_obj("t1", {"h100": 2}), gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync.sync_once()
+    register(apiserver, webhook)
+    wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+    with pytest.raises(ApiError) as refused:
+        create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+    assert 'admission webhook "vmi.gpuplane.io" denied the request' in refused.value.message
+    assert "h100" in refused.value.message and "budget" in refused.value.message
+    assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []
+
+
+def test_a_shorter_timeout_is_kept_with_a_clear_try_again(apiserver: ControlPlane, webhook: str) -> None:
+    """A Pending set with no binder to answer, and a registration whose timeoutSeconds (1 s)
+    is shorter than GPUPLANE_BIND_WAIT_SECONDS (2 s here): the webhook reads the apiserver's
+    own deadline (the ``timeout`` of the call) and answers before it with a clear "try again",
+    instead of the user meeting the apiserver's bare timeout error. Nothing is stored."""
+    bound_cluster(apiserver)
+    apiserver.seed(gpu_obj("t1", "vm2-gpu0", "h100", "vm2"))
+    sync.sync_once()
+    config = register(apiserver, webhook)
+    config["webhooks"][0]["timeoutSeconds"] = 1
+    apiserver.apply({k: v for k, v in config.items() if k not in ("status",)} | {"metadata": {"name": "gpuplane-vmi"}})
+    wait_until_called(apiserver, new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"]))
+    started = time.monotonic()
+    with pytest.raises(ApiError) as refused:
+        create_vmi(apiserver, new_vmi("t1", "vm2", ["vm2-gpu0"]))
+    assert time.monotonic() - started < 5
+    assert 'admission webhook "vmi.gpuplane.io" denied the request' in refused.value.message
+    assert "try again" in refused.value.message
     assert apiserver.request("GET", VMIS.format(ns="t1"))["items"] == []

@@ -592,8 +592,15 @@ def test_load_snapshot_command_queues_a_pass_only_when_asked(
     out = io.StringIO()
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         call_command("load_snapshot", str(path), stdout=out)
-    assert "queued a full pass" in out.getvalue()
-    assert len(callbacks) == 1
+    assert callbacks == []  # embedded (no broker): the command runs the pass itself, once
     run = models.PassRun.objects.get()
     assert run.kind == models.PassKind.FULL
     assert run.bound == 1
+    assert f"ran full pass {run.pk}: bound 1" in out.getvalue() and "queued" not in out.getvalue()
+    # With a broker the binder worker runs it: queued once, at commit.
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    out = io.StringIO()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        call_command("load_snapshot", str(path), "--replace", stdout=out)
+    assert "queued a full pass" in out.getvalue()
+    assert len(callbacks) == 1

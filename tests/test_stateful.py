@@ -1737,3 +1737,37 @@ def test_database_machine(clock: Clock) -> None:
     elapsed = time.perf_counter() - started
     print(f"DatabaseMachine: {STEPS['db']} steps in {elapsed:.1f} s ({STEPS['malformed']} malformed objects)")
     assert STEPS["db"] >= DB_MIN_STEPS, f"only {STEPS['db']} steps ran"
+
+
+def run_steps(machine: RuleBasedStateMachine, steps: list[tuple[str, dict[str, Any]]]) -> None:
+    """Replay ``steps`` (rule name, arguments) on ``machine`` as hypothesis would, checking
+    every invariant after each step, then tear it down."""
+    checks = [getattr(machine, name) for name in ("records_are_append_only", "sets_are_whole",
+              "no_node_newly_over_booked", "gpu_hours_are_the_integral_of_held_units")]  # fmt: skip
+    try:
+        for name, arguments in steps:
+            getattr(machine, name)(**arguments)
+            for check in checks:
+                check()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.django_db
+def test_database_machine_raw_pod_recorded_by_one_worker_then_its_namespace_deleted(clock: Clock) -> None:
+    """Seed 190912718520696747806031684246212754773's failure, shortened: worker 0 opens a
+    team-b raw pod's record, team-b is deleted with its pods, and worker 1, whose last
+    pass was before the pod existed, runs the next full pass: the record must close."""
+    run_steps(
+        DatabaseMachine(clock),
+        [
+            ("workers_take_turns", {"dt": 0}),
+            ("full_pass_on_event", {"dt": 30}),  # worker 1's last pass before the pod
+            ("workers_take_turns", {"dt": 0}),
+            ("raw_pod", {"dt": 30, "t": 1, "n": 0, "r": 0, "units": 1}),
+            ("full_pass_on_event", {"dt": 30}),  # worker 0 opens the pod's Raw record
+            ("namespace_deleted", {"dt": 301, "t": 1}),
+            ("workers_take_turns", {"dt": 0}),
+            ("full_pass_on_event", {"dt": 30}),  # worker 1 follows the feed: the pod's row is gone
+        ],
+    )

@@ -93,6 +93,8 @@ class IssuedToken:
     token: str
     expires: datetime | None
     key: str = ""
+    #: The token's namespaces the mirror does not have (a typo, or a tenant not created yet).
+    unknown: tuple[str, ...] = ()
 
 
 def parse_namespaces(text: str) -> tuple[str, ...]:
@@ -126,6 +128,12 @@ def issue_token(username: str, namespaces: Iterable[str], *, days: int, replace:
         if created:
             user.set_unusable_password()  # API only: no admin login with this account
             user.save(update_fields=["password"])
+        if not wanted and not user.is_staff:
+            # Grants are all a tenant's token reads by: with none it would read nothing.
+            raise GrantError(
+                f"no namespaces given: a token for {username} would read nothing; "
+                "name the namespaces it may read with --namespaces ns1,ns2"
+            )
         if replace:
             NamespaceGrant.objects.filter(user=user).exclude(namespace__in=wanted).delete()
         instance, token = AuthToken.objects.create(user=user, expiry=timedelta(days=days) if days else None)
@@ -133,7 +141,10 @@ def issue_token(username: str, namespaces: Iterable[str], *, days: int, replace:
         NamespaceGrant.objects.bulk_create(
             [NamespaceGrant(token=instance, user=user, namespace=ns, namespace_uid=uids.get(ns, "")) for ns in wanted]
         )
-    return IssuedToken(username, created, bool(user.is_staff), wanted, token, instance.expiry, instance.token_key)
+    unknown = tuple(ns for ns in wanted if ns not in uids)
+    return IssuedToken(
+        username, created, bool(user.is_staff), wanted, token, instance.expiry, instance.token_key, unknown
+    )
 
 
 @dataclass(frozen=True, slots=True)

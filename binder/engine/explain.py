@@ -56,6 +56,8 @@ class Option:
     holders: tuple[Holder, ...] = ()
     own: int = 0
     """Units there the set books already (its launcher pod's raw usage, its Bound devices)."""
+    state: str = ""
+    """The node's state ``change`` undoes: NotReady, cordoned, draining ("" otherwise)."""
 
     def sentence(self) -> str:
         steps = [self.change] if self.change else []
@@ -139,9 +141,14 @@ class Explanation:
     @property
     def steps(self) -> tuple[str, ...]:
         """What would fit, fewest changes first (only when nothing but room stands in the way)."""
+        return tuple(option.sentence() for option in self.fits)
+
+    @property
+    def fits(self) -> tuple[Option, ...]:
+        """The options behind :attr:`steps`, in the same order (the console links each to its node's action)."""
         if self.problems:
             return ()
-        return tuple(option.sentence() for need in self.needs for option in need.options)
+        return tuple(option for need in self.needs for option in need.options)
 
     def text(self) -> str:
         """Everything in sentences (the board's panel and the device page show this)."""
@@ -313,7 +320,9 @@ class Explainer:
             change = _change(why, self.nodes[name]) if why else ""
             to_free = max(0, units - room)
             held = holders_of(self.holdings.get(name, ()), resource, key) if to_free else ()
-            options.append(Option(name, max(room, 0), to_free, change, held, own.get((name, resource), 0)))
+            options.append(
+                Option(name, max(room, 0), to_free, change, held, own.get((name, resource), 0), _state(why))
+            )
         return Need(
             resource=resource,
             classes=class_names,
@@ -347,6 +356,11 @@ def _rank(why: str) -> int:
     if not why:
         return 0
     return 1 if why in ("NotReady", "cordoned", "draining") else 2
+
+
+def _state(why: str) -> str:
+    """The node state a staff action undoes, from ``refuses_new``'s reason ("" for others)."""
+    return why if _rank(why) == 1 else ""
 
 
 def _change(why: str, node: Node) -> str:

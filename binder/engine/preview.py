@@ -16,6 +16,7 @@ import enum
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from binder.engine.placement import full_pass
 from binder.engine.types import DRAIN_LABEL, Cluster, Device, Node, Phase
@@ -26,6 +27,13 @@ class NodeAction(enum.StrEnum):
     UNCORDON = "uncordon"
     DRAIN = "drain"
     UNDRAIN = "undrain"
+    #: Standalone mode only (the database is the cluster; in a cluster the kubelet owns Ready).
+    READY = "ready"
+    NOT_READY = "not-ready"
+
+
+#: The actions that change the node's Ready condition (offered in standalone mode only).
+READINESS = (NodeAction.READY, NodeAction.NOT_READY)
 
 
 #: What each action does to the node, in words (the confirmation page's heading).
@@ -34,15 +42,27 @@ EFFECT = {
     NodeAction.UNCORDON: "mark schedulable again (spec.unschedulable=false)",
     NodeAction.DRAIN: f"label {DRAIN_LABEL}=true: the binder moves every set off it",
     NodeAction.UNDRAIN: f"remove the label {DRAIN_LABEL}: it may hold sets again",
+    NodeAction.READY: "mark Ready (its Ready condition true, as from now): it may hold sets again",
+    NodeAction.NOT_READY: "mark NotReady (as from now): its sets move away once the grace period has passed",
 }
+
+
+def title(action: NodeAction) -> str:
+    """The action as a button or a heading says it ("Cordon", "Mark NotReady")."""
+    titles = {NodeAction.READY: "Mark Ready", NodeAction.NOT_READY: "Mark NotReady"}
+    return titles.get(action, action.value.capitalize())
 
 
 class PreviewError(ValueError):
     """The preview cannot be made (no such node); the message says why."""
 
 
-def changed_node(node: Node, action: NodeAction) -> Node:
-    """``node`` as it is after ``action``."""
+def changed_node(node: Node, action: NodeAction, now: datetime | None = None) -> Node:
+    """``node`` as it is after ``action`` (taken at ``now``: a change of Ready dates it)."""
+    if action is NodeAction.READY:
+        return node if node.ready else dataclasses.replace(node, ready=True, ready_since=now)
+    if action is NodeAction.NOT_READY:
+        return node if not node.ready else dataclasses.replace(node, ready=False, ready_since=now)
     if action is NodeAction.CORDON:
         return dataclasses.replace(node, unschedulable=True)
     if action is NodeAction.UNCORDON:
@@ -123,7 +143,7 @@ def preview(cluster: Cluster, node_name: str, action: NodeAction) -> NodePreview
         raise PreviewError(f"no node {node_name!r} in the cluster")
     node = nodes[node_name]
     copy = dataclasses.replace(
-        cluster, nodes=tuple(changed_node(n, action) if n.name == node_name else n for n in cluster.nodes)
+        cluster, nodes=tuple(changed_node(n, action, cluster.now) if n.name == node_name else n for n in cluster.nodes)
     )
     result = full_pass(copy)
     after_by_key: Mapping[tuple[str, str], Device] = {d.key: d for d in result.devices}

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Value
 
@@ -150,8 +149,8 @@ class Applied:
 
 
 def queue_full_pass() -> None:
-    """Queue a full pass after commit, unless passes are driven by hand (tests)."""
-    if settings.GPUPLANE_AUTO_PASS:
+    """Queue a full pass after commit, unless passes are driven by hand (tests) or held."""
+    if queue.auto_pass():
         queue.queue_full_pass()
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import Q
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from binder import models
+from binder import apiserver, models
 from binder.engine import types as e
 from binder.engine.accounting import SetKey, ledger_for
-from binder.engine.explain import Explainer, Explanation, explain_sets
+from binder.engine.explain import Explainer, Explanation, Option, explain_sets
+from binder.engine.preview import NodeAction, title
 from binder.mirror.read import engine_settings, read_cluster, read_rows
 
 
@@ -75,6 +77,27 @@ def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
     return Explainer(cluster, ledger_for(cluster)).explain(key)
 
 
+#: The node action that undoes each state an option names (binder.engine.explain.Option.state).
+UNDOES = {"NotReady": NodeAction.READY, "cordoned": NodeAction.UNCORDON, "draining": NodeAction.UNDRAIN}
+
+
+def _fit_item(option: Option) -> SafeString:
+    """One "would fit" line; a node state staff can change links to that action's preview
+    (Ready only in standalone mode: in a cluster the kubelet reports it)."""
+    action = UNDOES.get(option.state)
+    if action is None or (action is NodeAction.READY and apiserver.cluster_mode()):
+        return format_html("{}", option.sentence())
+    return format_html(
+        '{} <a class="fit-action" data-node="{}" data-action="{}" href="{}">{} {}…</a>',
+        option.sentence(),
+        option.node,
+        action.value,
+        reverse("admin:node-action", args=[option.node, action.value]),
+        title(action),
+        option.node,
+    )
+
+
 def explanation_html(why: Explanation) -> SafeString:
     """The explanation as a block: what it needs (the largest gap, who holds the rest), the
     VMI's node flagged when NotReady, and the options that would fit, fewest changes first."""
@@ -86,9 +109,9 @@ def explanation_html(why: Explanation) -> SafeString:
     steps = (
         format_html(
             '<p class="fit-heading">would fit:</p><ol class="would-fit">{}</ol>',
-            format_html_join("", "<li>{}</li>", ((step,) for step in why.steps)),
+            format_html_join("", "<li>{}</li>", ((_fit_item(option),) for option in why.fits)),
         )
-        if why.steps
+        if why.fits
         else ""
     )
     return format_html(

@@ -19,6 +19,34 @@ class HistoryQueryError(ValueError):
     """The request does not say which set or device (a message for staff, never a 500)."""
 
 
+@dataclass(slots=True)
+class DecisionGroup:
+    """One pass's change of some devices of one set, alike in every other respect."""
+
+    first: models.Decision
+    devices: list[str]
+
+    def same_change(self, other: models.Decision) -> bool:
+        mine = self.first
+        return (
+            mine.pass_run_id,
+            mine.vm_name,
+            mine.from_phase,
+            mine.from_node,
+            mine.to_phase,
+            mine.to_node,
+            mine.reason,
+        ) == (
+            other.pass_run_id,
+            other.vm_name,
+            other.from_phase,
+            other.from_node,
+            other.to_phase,
+            other.to_node,
+            other.reason,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class DecisionLog:
     """Every placement change of a set (or one of its devices), newest first."""
@@ -33,6 +61,20 @@ class DecisionLog:
     @property
     def truncated(self) -> bool:
         return self.total > len(self.decisions)
+
+    @property
+    def groups(self) -> list[DecisionGroup]:
+        """The decisions as staff read them: the rows one pass wrote for one set that moved
+        its devices alike (same from, same to, same reason) as one row naming the devices.
+        A set of 8 moved by a pass is one line, not eight identical ones."""
+        groups: list[DecisionGroup] = []
+        for decision in self.decisions:
+            last = groups[-1] if groups else None
+            if last is not None and last.same_change(decision):
+                last.devices.append(decision.device_name)
+            else:
+                groups.append(DecisionGroup(decision, [decision.device_name]))
+        return groups
 
     @property
     def subject(self) -> str:

@@ -545,6 +545,10 @@ def load(state: ClusterState, why: str) -> Catchup | None:
         return None
     clock = time.perf_counter()
     row = models.Checkpoint.objects.order_by("-id").first()
+    if row is None:
+        # A first start (or checkpoints cleared): nothing is wrong, so no warning.
+        log.info("no checkpoint saved yet, reading everything (%s)", why)
+        return None
     refusal, payload = _refusal(row)
     if refusal or row is None:
         log.warning("checkpoint refused, reading everything again (%s): %s", why, refusal)

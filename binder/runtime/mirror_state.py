@@ -57,6 +57,13 @@ class Catchup:
     """Sets whose members, pods or VMI changed."""
     since_rebuild: bool = False
     """An answer pass since the last full pass rebuilt the state: reconcile all usage."""
+    vanished: set[str] = field(default_factory=set)
+    """Kinds with entries for rows this state never held and the database no longer has:
+    created and deleted between two catch-ups. Nothing of them is left to name, yet
+    another worker's pass may have seen them meanwhile (and opened their usage records)."""
+    reconcile_all: bool = False
+    """Rows vanished while full passes this state did not run may have recorded usage
+    for them (``binder.runtime.state.ClusterState.catch_up``): reconcile every open record."""
 
     @property
     def nothing_changed(self) -> bool:
@@ -67,6 +74,7 @@ class Catchup:
         for kind, keys in other.changed.items():
             self.changed[kind] |= keys
         self.dirty_sets |= other.dirty_sets
+        self.vanished |= other.vanished
         self.since_rebuild = self.since_rebuild or other.since_rebuild or other.view == "rebuilt"
 
 
@@ -220,6 +228,8 @@ class MirrorState:
         for object_id in ordered:
             old, new = table.get(object_id), found.get(object_id)
             if old == new:
+                if old is None:
+                    catch.vanished.add(kind)
                 continue
             changed = True
             for record in (old, new):
@@ -249,6 +259,8 @@ class MirrorState:
         for object_id in ordered:
             old, new = table.get(object_id), found.get(object_id)
             if old == new:
+                if old is None:
+                    catch.vanished.add("GPU")
                 continue
             if old is not None:
                 key, set_key = (old.namespace, old.name), (old.namespace, old.vm_name)

@@ -152,7 +152,7 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
         run.save()
         if result.answered:
             notify_answers(run.pk)
-    state.passed(kind, now, options, result, own_writes)
+    state.passed(kind, now, options, result, own_writes, pass_id=run.pk)
     _after_a_whole_read(state, run, catch.view)
     if run.writes_failed:
         state.refused_writes()

@@ -58,6 +58,11 @@ StatusWritten = tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Any]]
 Loader = Callable[["ClusterState", str], Catchup | None]
 
 
+#: The kinds whose rows usage records depend on (devices, pods, the VMIs and classes
+#: that decide a launcher pod's raw usage).
+RECORDED_KINDS = frozenset({"GPU", "Pod", "VirtualMachineInstance", "GPUClass"})
+
+
 class ClusterState(MirrorState):
     """One worker's view of the mirror, with what its passes keep between them."""
 
@@ -89,6 +94,9 @@ class ClusterState(MirrorState):
         self.status_written: StatusWritten | None = None
         #: The feed entries of the last pass's own writes, skipped by the next catch-up.
         self.own_writes: OwnWrites | None = None
+        #: The id of this state's last full pass, which reconciled its usage records
+        #: (None: none since the state was read or loaded).
+        self.last_full_pass: int | None = None
 
     # -- bringing the state current (inside the pass's transaction and lock) -------------
 
@@ -106,12 +114,29 @@ class ClusterState(MirrorState):
             catch = self.follow(skip)
         self.record_reader()
         if kind == models.PassKind.FULL:
-            if catch.view == "incremental":
-                catch.absorb(self.pending)
+            if catch.view != "rebuilt":
+                if catch.view == "incremental":
+                    catch.absorb(self.pending)
+                catch.reconcile_all = bool(catch.vanished & RECORDED_KINDS) and self._recorded_elsewhere()
             self.pending = Catchup(view="incremental")
         else:
             self.pending.absorb(catch)
         return catch
+
+    def _recorded_elsewhere(self) -> bool:
+        """Whether full passes this state did not run (another worker's, or any before the
+        checkpoint it was loaded from) may have written usage records since its own last one.
+
+        Usage records are reconciled for the changed subjects only, which the feed names by
+        row id. A device, pod or VMI created and deleted between two of this state's
+        catch-ups is gone before it could be read (``Catchup.vanished``): nothing names it
+        or its set. If another worker's full pass saw it meanwhile, that pass may have
+        opened a record for it, or changed a launcher pod's raw usage through it, and only
+        reconciling every open record puts that right.
+        """
+        if self.last_full_pass is None:
+            return True
+        return models.PassRun.objects.filter(kind=models.PassKind.FULL, pk__gt=self.last_full_pass).exists()
 
     def checkpoint_payload(self) -> dict[str, Any]:
         return {**super().checkpoint_payload(), "wanting": self.wanting, "unsettled": self._unsettled}
@@ -339,11 +364,14 @@ class ClusterState(MirrorState):
         settings: e.Settings,
         result: PassResult,
         own_writes: OwnWrites | None = None,
+        pass_id: int | None = None,
     ) -> None:
         """The pass committed (its devices are the state's already, :meth:`apply_result`):
-        the next catch-up may skip its own writes' feed entries (``own_writes``)."""
+        the next catch-up may skip its own writes' feed entries (``own_writes``); a full
+        pass ``pass_id`` reconciled the usage records."""
         self.own_writes = own_writes
         if kind == models.PassKind.FULL:
+            self.last_full_pass = pass_id
             self.last_full = (now, settings, result)
             classes, budgets = self.status_written or ({}, {})
             self.status_written = ({**classes, **result.class_status}, {**budgets, **result.budget_used})
@@ -375,8 +403,9 @@ class ClusterState(MirrorState):
         """The usage-record subjects this pass must reconcile, before :meth:`apply_result`:
         devices the pass wrote or the feed changed, pods the feed changed, and the pods of
         every set whose devices or VMI changed (a launcher's raw usage is its requests minus
-        what its set holds). A rebuilt state, or a class change, reconciles everything."""
-        if catch.view == "rebuilt" or catch.since_rebuild or catch.changed.get("GPUClass"):
+        what its set holds). A rebuilt state, a class change, or rows that vanished while other
+        passes recorded usage (``Catchup.reconcile_all``) reconcile everything."""
+        if catch.view == "rebuilt" or catch.since_rebuild or catch.reconcile_all or catch.changed.get("GPUClass"):
             return Subjects(everything=True)
         written = {d.key: d for d in result.devices}
         device_keys = set(catch.changed.get("GPU", ())) | set(written)

@@ -262,7 +262,7 @@ def _rows(
         here = units.get(name, {})
         if not resources or (wanted and not any(ns == wanted and r in resources for ns, r in here)):
             continue
-        if filters.problems and not found.markers:
+        if filters.problems and not any(css != "taint" for css, _ in found.markers):
             continue
         for strip in found.strips:
             total = totals[strip.resource]
@@ -364,7 +364,7 @@ def _blocked(node: e.Node | None, classes: list[e.GpuClass]) -> str:
 
 
 def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:
-    """The node's state marks: deleted, NotReady, cordoned, draining, over-booked."""
+    """The node's state marks: deleted, NotReady, cordoned, draining, over-booked, its taints."""
     markers: list[tuple[str, str]] = []
     if node is None:
         markers.append(("deleted", "deleted (not in the mirror)"))
@@ -377,6 +377,12 @@ def _markers(node: e.Node | None, strips: list[Strip]) -> list[tuple[str, str]]:
             markers.append(("draining", "draining"))
     if any(s.over_booked for s in strips):
         markers.append(("overbooked", "over-booked"))
+    if node is not None:
+        # Last, and no problem by itself: a taint keeps out only the classes that do not
+        # tolerate it (the strips say which resources take nothing new). Those under
+        # node.kubernetes.io/ say what NotReady and cordoned already say, and the binder
+        # leaves them to those rules.
+        markers += [("taint", f"taint {t}") for t in node.taints if not t.key.startswith(e.NODE_LIFECYCLE_TAINT_PREFIX)]
     return markers
 
 

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from binder import apiserver
 from binder.actions import NodeActionError, change_node, staff_trigger
-from binder.engine.preview import EFFECT, NodeAction, PreviewError
+from binder.engine.preview import EFFECT, NodeAction, PreviewError, title
 from binder.reports.nodes import node_preview, node_report
 from binder.reports.search import Hit, SearchQueryError, search
 from gpuplane.staff.views import _render, _require
@@ -93,6 +93,9 @@ def node_detail(request: HttpRequest, site: AdminSite, name: str) -> HttpRespons
         NodeAction.UNCORDON if report.row is not None and report.row.unschedulable else NodeAction.CORDON,
         NodeAction.UNDRAIN if report.row is not None and report.row.draining else NodeAction.DRAIN,
     ]
+    if not apiserver.cluster_mode() and report.row is not None:
+        # Standalone: the database is the cluster, so its Ready condition is staff's to set.
+        actions.insert(0, NodeAction.NOT_READY if report.row.ready else NodeAction.READY)
     return _render(
         request,
         site,
@@ -100,7 +103,7 @@ def node_detail(request: HttpRequest, site: AdminSite, name: str) -> HttpRespons
         f"Node {name}",
         report=report,
         node_name=name,
-        actions=[(a.value, EFFECT[a]) for a in actions] if report.exists else [],
+        actions=[(a.value, title(a), EFFECT[a]) for a in actions] if report.exists else [],
         can_change=request.user.has_perm("binder.change_node"),
     )
 
@@ -153,11 +156,12 @@ def node_action(request: HttpRequest, site: AdminSite, name: str, action: str) -
         request,
         site,
         "node_action.html",
-        f"{chosen.value.capitalize()} {name}?",
+        f"{title(chosen)} {name}?",
         preview=preview,
         effect=EFFECT[chosen],
         node_name=name,
         action=chosen.value,
+        action_title=title(chosen),
         writes_to="the API server (a merge patch with the node's resourceVersion)"
         if apiserver.cluster_mode()
         else "the mirror (standalone: the database is the source of truth)",

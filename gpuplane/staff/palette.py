@@ -50,7 +50,20 @@ def ranked_colours(names: list[str]) -> dict[str, str]:
 
 
 #: For series that are few and not tenants (classes on the usage chart), in sorted order.
-CATEGORICAL = PALETTE
+#: Not the tenants' colours: the usage chart draws tenants above and classes below, and
+#: the same blue for the top tenant and for a class read as the same thing. These are
+#: darker or other hues (ColorBrewer's dark red and teal, Tol's magenta, browns and a dark
+#: olive, Tol's purple), each at least 3:1 on white and far (CIE76 ΔE ≥ 25) from every
+#: tenant colour; the legend still names every series.
+CATEGORICAL = (
+    "#B2182B",  # dark red      6.9:1
+    "#01665E",  # dark teal     6.9:1
+    "#EE3377",  # Tol magenta   3.9:1
+    "#885500",  # brown         6.3:1
+    "#553311",  # dark brown   11.2:1
+    "#AA4499",  # Tol purple    5.3:1
+    "#666633",  # dark olive    6.0:1
+)
 
 
 def categorical(index: int) -> str:

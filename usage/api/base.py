@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
@@ -43,6 +44,16 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
             problem = text_problem(value) if isinstance(value, str) else None
             if problem is not None:
                 raise ValidationError({name: [problem]})
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        """DRF answers a ``?format=`` this view does not offer with a bare "Not found.",
+        which reads as if the tenant or the path were wrong: say which formats it offers."""
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:
+            offered = ", ".join(sorted({r.format for r in self.get_renderers() if r.format != "api"}))
+            wanted = request.query_params.get("format", "")
+            raise NotFound(f"format={wanted} is not offered here; this endpoint answers {offered}") from None
 
     def staff_permission(self) -> str:
         """The admin's view permission of what this endpoint reads: what staff need to read

@@ -29,8 +29,17 @@ def in_utc(value: datetime) -> datetime:
         raise ValueError(f"{value.isoformat()} is outside the years 1-9999 in UTC") from None
 
 
+#: What a bad ``from``/``to`` is told, everywhere: both forms the API accepts.
+WHEN_FORMATS = (
+    "wrong format: must be an RFC 3339 date-time (YYYY-MM-DDThh:mm[:ss[.uuuuuu]] with Z or ±HH:MM, "
+    "e.g. 2026-11-01T00:00:00Z) or a date YYYY-MM-DD (its midnight, UTC)"
+)
+
+
 class FlexibleDateTimeField(serializers.DateTimeField):
     """RFC 3339 / ISO 8601 date-time, or a plain date (its midnight, UTC); always in UTC."""
+
+    default_error_messages = {**serializers.DateTimeField.default_error_messages, "invalid": WHEN_FORMATS}
 
     def to_internal_value(self, value: Any) -> datetime:
         if isinstance(value, str) and len(value) == 10:
@@ -48,7 +57,9 @@ class FlexibleDateTimeField(serializers.DateTimeField):
 
 
 class UtcIsoDateTimeField(IsoDateTimeField):
-    """django-filter's ISO 8601 field, turned into UTC (see :func:`in_utc`)."""
+    """django-filter's ISO 8601 field (a plain date too), turned into UTC (see :func:`in_utc`)."""
+
+    default_error_messages = {**IsoDateTimeField.default_error_messages, "invalid": WHEN_FORMATS}
 
     def to_python(self, value: Any) -> datetime | None:
         parsed = super().to_python(value)

@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
+from django_filters.fields import ChoiceField as FilterChoiceField
 
 from binder import models as binder_models
 from usage.api.fields import UtcIsoDateTimeFilter
@@ -63,13 +64,34 @@ class StrictBooleanFilter(filters.BooleanFilter):
         super().__init__(*args, **kwargs)
 
 
+class AnyCaseChoiceField(FilterChoiceField):
+    """A choice matched whatever its case (``phase=bound`` is ``Bound``); a wrong one is
+    told the choices."""
+
+    def to_python(self, value: Any) -> str:
+        text = super().to_python(value)
+        by_lower = {str(choice).lower(): str(choice) for choice, _ in self.choices if choice != ""}
+        return str(by_lower.get(text.lower(), text))
+
+    def validate(self, value: Any) -> None:
+        if value in self.empty_values:
+            return
+        if not self.valid_value(value):
+            choices = ", ".join(str(choice) for choice, _ in self.choices if choice != "")
+            raise forms.ValidationError(f"{value!r} is not one of {choices} (any case)", code="invalid_choice")
+
+
+class AnyCaseChoiceFilter(filters.ChoiceFilter):
+    field_class = AnyCaseChoiceField
+
+
 class UsageRecordFilter(StrictFilterSet):
     """Filters of ``usage-records``; ``from``/``to`` keep records that overlap the range."""
 
     key = filters.CharFilter(help_text="class name or raw resource name")
-    phase = filters.ChoiceFilter(choices=RecordPhase.choices)
+    phase = AnyCaseChoiceFilter(choices=RecordPhase.choices)
     subject = filters.CharFilter(help_text="device or pod name")
-    subject_kind = filters.ChoiceFilter(choices=SubjectKind.choices)
+    subject_kind = AnyCaseChoiceFilter(choices=SubjectKind.choices)
     node = filters.CharFilter()
     vm = filters.CharFilter(field_name="vm_name")
     open = StrictBooleanFilter(field_name="end", lookup_expr="isnull", help_text="true: only open records")
@@ -94,7 +116,7 @@ UsageRecordFilter.base_filters["to"] = UtcIsoDateTimeFilter(
 
 class DeviceFilter(StrictFilterSet):
     namespace = filters.CharFilter(field_name="namespace__name")
-    phase = filters.ChoiceFilter(choices=binder_models.Phase.choices)
+    phase = AnyCaseChoiceFilter(choices=binder_models.Phase.choices)
     node = filters.CharFilter()
     vm = filters.CharFilter(field_name="vm_name")
     className = filters.CharFilter(field_name="class_name")

@@ -51,7 +51,9 @@ class CSVRenderer(BaseRenderer):
         writer = SafeWriter(out)
         if isinstance(data, dict):
             writer.writerow(["error"])
-            writer.writerow([_flatten(data)])
+            # The JSON answer's words: its "detail" alone, or each parameter with its errors.
+            detail = data.get("detail") if list(data) == ["detail"] else None
+            writer.writerow([str(detail) if detail is not None else _flatten(data)])
         return out.getvalue().encode()
 
 

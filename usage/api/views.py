@@ -191,3 +191,46 @@ class DeviceDecisionsView(TenantScopedView, generics.ListAPIView):  # type: igno
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         return super().get(request, *args, **kwargs)
+
+
+# -- the entry points a newcomer types first -------------------------------------------------
+
+
+@extend_schema(exclude=True)
+class TenantUsageSlashView(TenantUsageView):
+    """``.../usage/``: the same answer (clients and people add the slash; not in the schema)."""
+
+
+@extend_schema(exclude=True)
+class UsageRecordListSlashView(UsageRecordListView):
+    """``.../usage-records/``: the same answer (not in the schema)."""
+
+
+#: The endpoints ``GET /api/v1/`` lists: path under /api/v1/, what it answers.
+ENDPOINTS = (
+    ("tenants/{namespace}/usage?from=&to=", "usage and limits per key, open records, GPU-hours in the window"),
+    ("tenants/{namespace}/usage-records", "usage records, paginated or ?format=csv; filters key, phase, subject, ..."),
+    ("devices", "the GPU devices you may read; filters namespace, phase, node, vm, className, reason"),
+    ("devices/{namespace}/{name}", "one device: phase, node, reason"),
+    ("devices/{namespace}/{name}/decisions", "why a device is where it is: its placement changes"),
+    ("catalog/gpu-options?namespace=", "the GPU classes a tenant may order, with budget and free units"),
+)
+
+
+class ApiRootView(generics.GenericAPIView):  # type: ignore[type-arg]
+    """``GET /api/v1/``: what is here, so a first request finds its way (no data, no login)."""
+
+    permission_classes: list[Any] = []
+    authentication_classes: list[Any] = []
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request) -> Response:
+        base = request.build_absolute_uri("/api/v1/")
+        return Response(
+            {
+                "endpoints": [{"url": base + path, "answers": what} for path, what in ENDPOINTS],
+                "authentication": "Authorization: Token <token> (manage.py issue_token)",
+                "schema": request.build_absolute_uri("/api/schema/"),
+                "docs": request.build_absolute_uri("/api/docs/"),
+            }
+        )

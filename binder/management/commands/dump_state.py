@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from binder.management.migrated import require_migrated
 from binder.reports.state import cluster_state
 
 
@@ -17,6 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print JSON (the stable, scriptable shape)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated()
         state = cluster_state()
         if options["json"]:
             self.stdout.write(json.dumps(state, indent=1, sort_keys=False))

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from binder.management.migrated import require_migrated
 from binder.models import PassKind
 from binder.runtime.passes import run_pass
 
@@ -23,6 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--repeat", type=int, default=None, metavar="N", help="run N passes, one JSON line each")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated()
         kind = PassKind.ANSWER if options["answer_only"] else PassKind.FULL
         repeat = options["repeat"]
         if repeat is None:

@@ -43,6 +43,13 @@ class Command(BaseCommand):
         if issued.staff:
             self.stdout.write("  staff: reads every namespace (grants do not limit staff)")
         self.stdout.write(f"  this token may read: {', '.join(issued.namespaces) or '(no namespaces)'}")
+        if issued.unknown:
+            # Granted all the same (a tenant may be created after its token), but a typo would
+            # otherwise go unnoticed until the tenant's first call answers 404.
+            self.stderr.write(
+                f"warning: no such namespace (yet): {', '.join(issued.unknown)}; this token reads "
+                "it only once a namespace of that name exists"
+            )
         self.stdout.write(f"  key: {issued.key} (revoke with: manage.py revoke_token {issued.key})")
         self.stdout.write(f"  expires: {issued.expires.isoformat() if issued.expires else 'never'}")
         self.stdout.write("  send it as: Authorization: Token <token>  (token on the next line)")

@@ -30,7 +30,7 @@ demo: $(VENV)/.runtime
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-## kube-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the
+## kube-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and promtool from the
 ## pinned Go modules in hack/kube (cached outside the repo by go.sum's hash; nothing to do when built;
 ## KUBEBUILDER_ASSETS=DIR uses envtest's binaries instead)
 .PHONY: kube-bin
@@ -74,6 +74,12 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
+
+## chart-docs: what is generated from charts/gpuplane (deploy/base, the dashboards' JSON, the values
+## table and panel list in docs/operations.md); tests/test_chart.py fails when they are stale
+.PHONY: chart-docs
+chart-docs: $(VENV)/.dev
+	$(PY) hack/chart.py all
 
 ## import-graph: modules, edges, binder's edges into other apps, and import cycles (docs/architecture.md)
 .PHONY: import-graph

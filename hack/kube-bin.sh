@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) from the Go module in hack/kube, pinned by its committed go.sum, into a
-# cache outside the repository keyed by go.sum's hash. Does nothing when they are there.
+# kube-scheduler, kubectl) and the chart's tools (helm, promtool) from the Go module in hack/kube,
+# pinned by its committed go.sum, into a cache outside the repository keyed by go.sum's hash.
+# Does nothing when they are there.
 #
 #   hack/kube-bin.sh          build if missing; print the directory holding the binaries
 #   KUBEBUILDER_ASSETS=DIR    envtest's convention: binaries found there are used as they are,
@@ -13,7 +14,10 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 module="$here/kube"
 KUBE_VERSION="v1.37.2"
-TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+HELM_VERSION="v4.3.2"        # helm.sh/helm/v4, as pinned in go.mod
+PROMETHEUS_MODULE="v0.316.0"  # github.com/prometheus/prometheus, as pinned in go.mod: Prometheus 3.16.0
+PROMETHEUS_VERSION="3.16.0"
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm promtool)
 
 key="$(sha256sum "$module/go.sum" | cut -c1-16)"
 cache="${GPUPLANE_KUBE_CACHE:-$HOME/.cache/gpuplane/kube-bin}/$key"
@@ -61,6 +65,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X '$pkg.gitVersion=${KUBE_VERSION}' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=${minor}'"
   ldflags+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${build_date}' -X '$pkg.gitCommit=module-${KUBE_VERSION}'"
 done
+# And the stamps helm's and Prometheus's own Makefiles set, so `helm version` and `promtool --version`
+# name the pinned releases.
+ldflags+=" -X 'helm.sh/helm/v4/internal/version.version=${HELM_VERSION}' -X 'helm.sh/helm/v4/internal/version.gitTreeState=clean'"
+ldflags+=" -X 'github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION}' -X 'github.com/prometheus/common/version.Branch=module'"
+ldflags+=" -X 'github.com/prometheus/common/version.Revision=module-${PROMETHEUS_MODULE}' -X 'github.com/prometheus/common/version.BuildDate=${build_date}'"
 
 tmp="$(mktemp -d "${cache%/*}.tmp.XXXXXX" 2>/dev/null || { mkdir -p "${cache%/*}"; mktemp -d "${cache%/*}/.tmp.XXXXXX"; })"
 trap 'rm -rf "$tmp"' EXIT
@@ -70,6 +79,8 @@ go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kubectl \
+  helm.sh/helm/v4/cmd/helm \
+  github.com/prometheus/prometheus/cmd/promtool \
   ./cmd/etcd
 mkdir -p "${cache%/*}"
 rm -rf "$cache"
@@ -77,4 +88,6 @@ mv "$tmp" "$cache"
 trap - EXIT
 echo "kube-bin: built in $(( $(date +%s) - started )) s; $(du -sh "$cache" | cut -f1) in $cache" >&2
 "$cache/kube-apiserver" --version >&2
+"$cache/helm" version --short >&2
+"$cache/promtool" --version 2>&1 | head -1 >&2
 echo "$cache"

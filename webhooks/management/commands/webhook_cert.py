@@ -189,7 +189,10 @@ class Command(BaseCommand):
             f"--cert={paths[CERT_FILE]} --key={paths[KEY_FILE]}\n"
             "  The Deployment mounts that secret at /etc/gpuplane/tls and gunicorn serves it on 8443\n"
             "  (GPUPLANE_TLS_CERT_FILE=/etc/gpuplane/tls/tls.crt, GPUPLANE_TLS_KEY_FILE=/etc/gpuplane/tls/tls.key).\n"
-            "  Then install with the caBundle below in place of the placeholder in deploy/base/webhook.yaml:\n"
+            "  Then install with the caBundle below: with Helm,\n"
+            "  CA_BUNDLE=<the last line>; helm install gpuplane charts/gpuplane --namespace "
+            f"{namespace} --set webhook.caBundle=$CA_BUNDLE\n"
+            "  or with Kustomize, in place of the placeholder in deploy/base/webhook.yaml:\n"
             "  CA_BUNDLE=<the last line>; kubectl kustomize deploy/overlays/cluster \\\n"
             '    | sed "s|FILL_ME_FROM_manage.py_webhook_cert|$CA_BUNDLE|" | kubectl apply -f -\n'
             "\n"

@@ -22,8 +22,8 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from tests.clock import Clock
-from tests.kube_emulator import RunningApiServer
 from tests.shapes import H100, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from tests.support.controlplane import ControlPlane
 from usage.models import UsageRecord
 
 LAUNCHER_UID = "3f0c2a57-4a50-4b8e-9a62-6d1f8f7c1b10"
@@ -126,7 +126,7 @@ def test_one_worker_alone_does_not_reconcile_every_record_for_a_pod_that_came_an
 
 
 @pytest.mark.django_db
-def test_cluster_mode_a_raw_pod_deleted_between_one_workers_passes(apiserver: RunningApiServer, clock: Clock) -> None:
+def test_cluster_mode_a_raw_pod_deleted_between_one_workers_passes(apiserver: ControlPlane, clock: Clock) -> None:
     """The same in cluster mode: the sync mirrors the pod's arrival and its deletion."""
     first, second = ClusterState(), ClusterState()
     apiserver.seed(namespace_obj("team-b"), node_obj("node-1", {H100: 4}), class_obj("h100", H100))
@@ -138,7 +138,8 @@ def test_cluster_mode_a_raw_pod_deleted_between_one_workers_passes(apiserver: Ru
     full_pass(second)
     assert open_records() == {("team-b", "Pod", "trainer", 1)}
     clock.advance(seconds=300)
-    apiserver.request("DELETE", "/api/v1/namespaces/team-b/pods/trainer")
+    # gracePeriodSeconds=0: what its kubelet confirms once the pod stopped (no kubelet here).
+    apiserver.request("DELETE", "/api/v1/namespaces/team-b/pods/trainer?gracePeriodSeconds=0")
     sync.sync_once()
     assert not models.Pod.objects.exists()
     full_pass(first)

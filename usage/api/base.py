@@ -38,12 +38,33 @@ class TenantScopedView(GenericAPIView):  # type: ignore[type-arg] # generic only
         # DRF reads ``?format=`` as "the default renderer"; an empty format is a mistake.
         if request.query_params.get("format") == "":
             raise ValidationError({"format": ["must not be empty: json or csv, or leave it out"]})
+        self._refuse_unknown_parameters(request)
         # A NUL or a lone surrogate in a path part (``/devices/t1/a%00b``) names nothing that
         # can exist, and PostgreSQL refuses it in a query (a 500 before): 400 naming the part.
         for name, value in self.kwargs.items():
             problem = text_problem(value) if isinstance(value, str) else None
             if problem is not None:
                 raise ValidationError({name: [problem]})
+
+    def _refuse_unknown_parameters(self, request: Request) -> None:
+        """A list endpoint's query names only its filters, its page parameters and
+        ``format``: anything else (a misspelt filter, ``className`` for ``class_name``) is a
+        400 naming it, where DRF would ignore it and answer every row as if unfiltered."""
+        filterset = getattr(self, "filterset_class", None)
+        if filterset is None:
+            return
+        known = {"format", *filterset.base_filters}
+        pagination = getattr(self, "pagination_class", None)
+        if pagination is not None:
+            known |= {pagination.page_query_param, pagination.page_size_query_param or ""}
+        unknown = sorted(name for name in request.query_params if name not in known)
+        if unknown:
+            raise ValidationError(
+                {
+                    name or "(empty name)": [f"unknown query parameter; this endpoint takes {', '.join(sorted(known))}"]
+                    for name in unknown
+                }  # fmt: skip
+            )
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         """DRF answers a ``?format=`` this view does not offer with a bare "Not found.",

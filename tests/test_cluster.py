@@ -31,6 +31,7 @@ from tests.cluster_mode import GPUS, Follower, cluster_gpus, gpu_lists, mirrored
 from tests.factories import new_vmi, review
 from tests.shapes import (
     H100,
+    budget_obj,
     class_obj,
     gpu_obj,
     namespace_obj,
@@ -602,3 +603,30 @@ def test_cut_watch_streams_resume_from_the_last_event_without_losing_one(
         stop.set()
         watch_proxy.cut_watches()
         thread.join(15)
+
+
+@pytest.mark.django_db
+def test_a_borrowed_set_is_written_to_and_read_back_from_the_cluster(apiserver: ControlPlane) -> None:
+    """Lending in cluster mode: the budget's borrowing is read from the API, the borrowed
+    set's devices carry ``status.borrowed`` there, the budget's status says what is
+    borrowed, and the mirror (from what the writes returned) agrees with a fresh list."""
+    budget = budget_obj("t1", {"h100": 1})
+    budget["spec"]["borrowing"] = {"h100": 2}
+    apiserver.seed(
+        namespace_obj("t1"),
+        node_obj("n1", {H100: 4}),
+        class_obj("h100", H100),
+        budget,
+        *(gpu_obj("t1", f"vm1-gpu{i}", "h100", "vm1") for i in range(2)),
+    )
+    sync.sync_once()
+    assert models.GpuBudget.objects.get(namespace__name="t1").borrowing == {"h100": 2}
+    run_pass("full")
+    for gpu in cluster_gpus(apiserver).values():
+        assert gpu["status"]["phase"] == "Bound" and gpu["status"]["borrowed"] is True, gpu["status"]
+    stored = apiserver.request("GET", f"{GPUS}/namespaces/t1/gpubudgets/gpu-budget")
+    assert stored["status"]["borrowed"]["h100"] == 2  # and its raw key alike
+    assert set(models.GpuDevice.objects.values_list("borrowed", flat=True)) == {True}
+    sync.sync_once()  # a fresh list reads the same back
+    assert set(models.GpuDevice.objects.values_list("borrowed", flat=True)) == {True}
+    assert run_pass("full").devices_written == 0

@@ -123,8 +123,22 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),
             "status_class_name": r.string("status.className", max_length=NAME_MAX) if phase != "Pending" else "",
+            **_lending_status(r, phase),
         },
     )
+
+
+#: ``status.reclaimFor``: ``<namespace>/<vm>`` (a namespace name, a slash, a VM name).
+RECLAIM_FOR_MAX = 63 + 1 + 253
+
+
+def _lending_status(r: Reader, phase: str) -> dict[str, Any]:
+    """A GPU's ``status.borrowed`` and ``status.reclaimFor``: held (Bound or Lost) devices only."""
+    held = phase in ("Bound", "Lost")
+    mark = r.string("status.reclaimFor", max_length=RECLAIM_FOR_MAX)
+    if mark and "/" not in mark:
+        raise r.fail("status.reclaimFor", f"must be <namespace>/<vm>, got {quote(mark)}")
+    return {"borrowed": r.boolean("status.borrowed") and held, "reclaim_for": mark if held else ""}
 
 
 def parse_gpu_budget(obj: Mapping[str, Any]) -> Parsed:
@@ -137,4 +151,8 @@ def parse_gpu_budget(obj: Mapping[str, Any]) -> Parsed:
     used = {
         r.key("status.used", k): r.count(f"status.used[{k}]", v, minimum=0) for k, v in r.mapping("status.used").items()
     }
-    return Parsed("GPUBudget", namespace, name, {"limits": limits, "used": used})
+    borrowing = {
+        r.key("spec.borrowing", k): r.count(f"spec.borrowing[{k}]", v, minimum=0)
+        for k, v in r.mapping("spec.borrowing").items()
+    }
+    return Parsed("GPUBudget", namespace, name, {"limits": limits, "used": used, "borrowing": borrowing})

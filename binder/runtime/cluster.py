@@ -64,6 +64,9 @@ def device_status(device: e.Device) -> dict[str, Any]:
         "answeredRequest": device.answered_request or None,
         "answer": device.answer or None,
         "className": device.class_name if device.held else None,
+        # Lending: absent (null removes them in a merge patch) unless borrowed or marked.
+        "borrowed": True if device.borrowed else None,
+        "reclaimFor": device.reclaim_for or None,
     }
 
 
@@ -217,7 +220,10 @@ def _write_class_and_budget_status(
             if budget[1] == dict(used):
                 budgets[key] = used
                 continue
-            if budget_writes.patch("GPUBudget", key[0], key[1], {"used": dict(used)}, budget[0]):
+            body: dict[str, Any] = {"used": dict(used)}
+            if key in result.budget_borrowed:
+                body["borrowed"] = dict(result.budget_borrowed[key]) or None
+            if budget_writes.patch("GPUBudget", key[0], key[1], body, budget[0]):
                 budgets[key] = used
     class_writes.mirror("GPUClass")
     budget_writes.mirror("GPUBudget")

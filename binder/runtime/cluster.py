@@ -220,10 +220,10 @@ def _write_class_and_budget_status(
             if budget[1] == dict(used):
                 budgets[key] = used
                 continue
-            body: dict[str, Any] = {"used": dict(used)}
+            budget_status: dict[str, Any] = {"used": dict(used)}
             if key in result.budget_borrowed:
-                body["borrowed"] = dict(result.budget_borrowed[key]) or None
-            if budget_writes.patch("GPUBudget", key[0], key[1], body, budget[0]):
+                budget_status["borrowed"] = dict(result.budget_borrowed[key]) or None
+            if budget_writes.patch("GPUBudget", key[0], key[1], budget_status, budget[0]):
                 budgets[key] = used
     class_writes.mirror("GPUClass")
     budget_writes.mirror("GPUBudget")

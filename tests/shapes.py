@@ -18,7 +18,7 @@ import yaml
 
 from binder.engine import types as e
 from binder.kube.objects import parse_object
-from binder.mirror.convert import from_parsed, with_lending
+from binder.mirror.convert import from_parsed
 
 #: The real captures, copied into the repository (their SOURCES.md says where each came from),
 #: so a clone with nothing beside it runs the suite.
@@ -46,7 +46,7 @@ def new_uid() -> str:
 
 def engine(obj: dict[str, Any]) -> Any:
     """Parse a Kubernetes object with the project's parser into its engine record."""
-    parsed = with_lending(obj, parse_object(obj))
+    parsed = parse_object(obj)
     assert parsed is not None, obj.get("kind")
     return from_parsed(parsed)
 

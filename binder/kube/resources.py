@@ -128,7 +128,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
     )
 
 
-#: ``status.reclaimFor``: ``<namespace>/<vm>`` (a namespace name, a slash, a VM name).
+#: ``status.reclaimFor``: ``<namespace>/<vm>``: a namespace (63), a slash, a DNS-1123 subdomain (253).
 RECLAIM_FOR_MAX = 63 + 1 + 253
 
 

@@ -14,7 +14,6 @@ from sys import intern
 from typing import Any
 
 from binder.engine import types as e
-from binder.kube.fields import Reader
 from binder.kube.objects import Parsed
 
 Values = Mapping[str, Any]
@@ -190,36 +189,6 @@ def budget_from(namespace: str, name: str, limits: Values | None, borrowing: Val
 #: The borrowing of every budget without one, shared (records are never mutated).
 _NO_BORROWING: dict[str, int] = {}
 
-#: ``<namespace>/<vm>``: a namespace (63) and a DNS-1123 subdomain (253).
-RECLAIM_FOR_MAX = 63 + 1 + 253
-
-
-def with_lending(obj: Mapping[str, Any], parsed: Parsed | None) -> Parsed | None:
-    """``parsed`` with the lending fields of its object: a GPUBudget's ``spec.borrowing``
-    (units per key, none negative) and a GPU's ``status.borrowed`` and ``status.reclaimFor``.
-
-    Read here, beside the object parser, for the snapshot loader and the tests; values the
-    parser already read are kept. Raises :class:`~binder.kube.fields.ObjectError` naming
-    the field, as the parser does.
-    """
-    if parsed is None:
-        return None
-    r = Reader(obj)
-    if parsed.kind == "GPUBudget" and "borrowing" not in parsed.values:
-        parsed.values["borrowing"] = {
-            r.key("spec.borrowing", k): r.count(f"spec.borrowing[{k}]", v, minimum=0)
-            for k, v in r.mapping("spec.borrowing").items()
-        }
-    elif parsed.kind == "GPU" and "borrowed" not in parsed.values:
-        held = parsed.values.get("phase") in ("Bound", "Lost")
-        parsed.values["borrowed"] = r.boolean("status.borrowed") and held
-        mark = r.string("status.reclaimFor", max_length=RECLAIM_FOR_MAX)
-        if mark and "/" not in mark:
-            raise r.fail("status.reclaimFor", f"must be <namespace>/<vm>, got {mark!r}")
-        parsed.values["reclaim_for"] = mark if held else ""
-    return parsed
-
-
 def vmi_from(
     namespace: str,
     name: str,
@@ -284,5 +253,5 @@ def from_parsed(parsed: Parsed) -> Any:
     )
 
 
-#: Fields a parsed object may lack (see :func:`with_lending`); read as nothing.
+#: Lending fields a parsed object may lack (one parsed before the parsers read them); read as nothing.
 LENDING_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for"})

@@ -17,7 +17,6 @@ import yaml
 from django.db import transaction
 
 from binder.kube.objects import ObjectError, Parsed, parse_object
-from binder.mirror.convert import with_lending
 from binder.mirror.write import LoadReport, clear_mirror, write_parsed
 
 #: Refuse absurd files before parsing them (a snapshot of 100k devices is ~100 MB).
@@ -172,7 +171,7 @@ def parse_all(objects: Iterable[Any], locations: Sequence[str] | None = None) ->
     for index, obj in enumerate(objects):
         where = locations[index] if locations is not None else f"object {index + 1}"
         try:
-            item = with_lending(obj, parse_object(obj, where=where))
+            item = parse_object(obj, where=where)
         except ObjectError as exc:
             problems.append(str(exc))
             continue

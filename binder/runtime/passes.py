@@ -435,24 +435,17 @@ def _write_statements(
                             run.started,
                         )
                     )
-        if result.budget_used:
-            budgets = list(result.budget_used.items())
-            binary.execute(
-                "UPDATE binder_gpubudget AS b SET used = v.used FROM binder_namespace AS n,"
-                " unnest(%b::text[], %b::text[], %b::jsonb[]) AS v(ns, name, used)"
-                " WHERE n.id = b.namespace_id AND n.name = v.ns AND b.name = v.name"
-                " AND b.used IS DISTINCT FROM v.used",
-                [[k[0] for k, _ in budgets], [k[1] for k, _ in budgets], [Jsonb(dict(u)) for _, u in budgets]],
-            )
-        if result.budget_borrowed:
-            lent = list(result.budget_borrowed.items())
-            binary.execute(
-                "UPDATE binder_gpubudget AS b SET borrowed = v.borrowed FROM binder_namespace AS n,"
-                " unnest(%b::text[], %b::text[], %b::jsonb[]) AS v(ns, name, borrowed)"
-                " WHERE n.id = b.namespace_id AND n.name = v.ns AND b.name = v.name"
-                " AND b.borrowed IS DISTINCT FROM v.borrowed",
-                [[k[0] for k, _ in lent], [k[1] for k, _ in lent], [Jsonb(dict(u)) for _, u in lent]],
-            )
+        # Each budget's used and borrowed units, by (namespace, name): one statement a column.
+        for column, per_budget in (("used", result.budget_used), ("borrowed", result.budget_borrowed)):
+            if per_budget:
+                items = list(per_budget.items())
+                binary.execute(
+                    f"UPDATE binder_gpubudget AS b SET {column} = v.units FROM binder_namespace AS n,"  # noqa: S608 - a fixed column name
+                    " unnest(%b::text[], %b::text[], %b::jsonb[]) AS v(ns, name, units)"
+                    " WHERE n.id = b.namespace_id AND n.name = v.ns AND b.name = v.name"
+                    f" AND b.{column} IS DISTINCT FROM v.units",
+                    [[k[0] for k, _ in items], [k[1] for k, _ in items], [Jsonb(dict(u)) for _, u in items]],
+                )
 
 
 def _beside(database: Callable[[], None], meanwhile: Callable[[], None]) -> None:

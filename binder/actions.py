@@ -282,9 +282,7 @@ def change_node(name: str, action: NodeAction, triggered_by: str = "staff") -> N
     )
     cluster_mode = apiserver.cluster_mode()
     if cluster_mode and action in READINESS:
-        raise NodeActionError(
-            f"in cluster mode the kubelet reports whether {name} is Ready; nothing was changed"
-        )
+        raise NodeActionError(f"in cluster mode the kubelet reports whether {name} is Ready; nothing was changed")
     write = _write_node_to_api_server if cluster_mode else _write_node_row
     outcome = full_pass_now(triggered_by, change=lambda: write(name, action))
     sets = []

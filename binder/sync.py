@@ -51,11 +51,20 @@ from django.utils import timezone
 from binder import apiserver, models
 from binder.errors import describe, is_transient
 from binder.kube import client as kube_client
-from binder.mirror.write import RELEASED_BY_BINDER, Applied, mirror_event, mirror_list, mirror_objects
+from binder.mirror.write import (
+    RELEASED_BY_BINDER,
+    Applied,
+    mirror_event,
+    mirror_list,
+    mirror_objects,
+    object_key,
+)
 
 log = logging.getLogger(__name__)
 
 #: Kinds in the order the first list goes: namespaces before what lives in them.
+#: How often a kind's events put aside (their rows held by a pass) are applied.
+DEFERRED_RETRY_SECONDS = 0.2
 SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
 
 
@@ -90,7 +99,8 @@ def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
         log.error("sync: finalizer on %s %s refused (%s, permanent)", kind, name, describe(exc))
         record_status(kind, last_error=f"finalizer on {name}: {describe(exc)}"[:500], add={"errors": 1})
         return
-    mirror_objects(kind, [stored], queue=False)
+    # Not waited for when a pass holds the row: the finalizer's watch event brings it anyway.
+    mirror_objects(kind, [stored], queue=False, defer_held=True)
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -126,6 +136,11 @@ class KindSync:
         self.watch_seconds = watch_seconds
         self.backoff = backoff
         self.resource_version = ""
+        # Events whose rows a pass held when they came (see mirror_objects' defer_held),
+        # newest per object, and the ones being applied now; guarded by ``_held``.
+        self._deferred: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self._applying: set[tuple[str, str]] = set()
+        self._held = threading.Condition()
 
     def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
         listing = apiserver.api().list(self.kind)
@@ -164,7 +179,7 @@ class KindSync:
                     continue
                 if event_type == "ERROR":
                     raise kube_client.Gone(str(obj))
-                applied = mirror_event(self.kind, event_type, obj)
+                applied = self.apply(event_type, obj)
                 if event_type != "DELETED":
                     add_finalizer(self.kind, obj)
                 self.resource_version = version
@@ -178,11 +193,59 @@ class KindSync:
                     **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
                 )
                 if self.stop.is_set():
-                    return
+                    break
+        self.apply_deferred()
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> Applied:
+        """One watch event into the mirror, never waiting for a pass: an object whose row a
+        pass holds (most often the echo of that pass's own status write, which the pass
+        mirrors itself) is put aside for :meth:`apply_deferred`, and so is every later
+        event of that object until then, so each object's events still land in order. A
+        deletion waits for its object's deferred event, then always applies."""
+        key = object_key(self.kind, obj)
+        if event_type == "DELETED":
+            with self._held:
+                self._deferred.pop(key, None)
+                while key in self._applying:
+                    self._held.wait(1)
+            return mirror_event(self.kind, event_type, obj)
+        with self._held:
+            if key in self._deferred or key in self._applying:
+                self._deferred[key] = obj
+                return Applied()
+        applied = mirror_objects(self.kind, [obj], defer_held=True)
+        if applied.deferred:
+            with self._held:
+                self._deferred[key] = obj
+        return applied
+
+    def apply_deferred(self) -> None:
+        """Apply the events put aside, waiting for the rows this time (the retry thread
+        calls it every ``DEFERRED_RETRY_SECONDS``; a watch that ends calls it too)."""
+        with self._held:
+            batch, self._deferred = self._deferred, {}
+            self._applying.update(batch)
+        try:
+            if batch:
+                mirror_objects(self.kind, list(batch.values()))
+        finally:
+            with self._held:
+                self._applying.difference_update(batch)
+                self._held.notify_all()
+
+    def _retry_deferred(self) -> None:
+        while not self.stop.wait(DEFERRED_RETRY_SECONDS):
+            try:
+                self.apply_deferred()
+            except Exception as exc:  # noqa: BLE001 - the kind's next relist brings any object lost here
+                log.warning("sync: %s events put aside not applied: %s", self.kind, describe(exc))
+                close_old_connections()
+        connection.close()
 
     def run(self) -> None:
         """List when there is no version to watch from (start, 410, error) or a relist is
         due, else watch; until ``stop``."""
+        threading.Thread(target=self._retry_deferred, name=f"sync-{self.kind}-deferred", daemon=True).start()
         failures = 0
         relist_due = time.monotonic() if not self.resource_version else time.monotonic() + self.relist_seconds
         while not self.stop.is_set():

@@ -329,6 +329,12 @@ GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS = env_float("GPUPLANE_FULL_PASS_MAX_DELAY_S
 #: wait behind it; requests meanwhile fold into it. 0: at once. Records are dated by the
 #: devices' ``since`` either way.
 GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS = env_float("GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS", 1.0, maximum=60.0)
+#: A change the sync mirrors asks for the full pass this many seconds later, not at once;
+#: changes meanwhile fold into it. A burst of creates (a set's devices, arriving one by one;
+#: a thousand orders) is then placed by a few passes, each seeing whole sets, instead of
+#: one pass per event racing the sync. Answer passes (a VMI starting) never wait for it.
+#: 0: at once.
+GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS = env_float("GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS", 0.5, maximum=60.0)
 #: Every GPUPLANE_VERIFY_SECONDS a pass rebuilds its view from scratch,
 #: runs the engine both ways and compares (0: every pass; the tests use it).
 GPUPLANE_VERIFY_SECONDS = env_int("GPUPLANE_VERIFY_SECONDS", 600)

@@ -324,9 +324,7 @@ class Explainer:
             change = _change(why, self.nodes[name]) if why else ""
             to_free = max(0, units - room)
             held = holders_of(self.holdings.get(name, ()), resource, key) if to_free else ()
-            options.append(
-                Option(name, max(room, 0), to_free, change, held, own.get((name, resource), 0), _state(why))
-            )
+            options.append(Option(name, max(room, 0), to_free, change, held, own.get((name, resource), 0), _state(why)))
         return Need(
             resource=resource,
             classes=class_names,

@@ -189,6 +189,7 @@ def budget_from(namespace: str, name: str, limits: Values | None, borrowing: Val
 #: The borrowing of every budget without one, shared (records are never mutated).
 _NO_BORROWING: dict[str, int] = {}
 
+
 def vmi_from(
     namespace: str,
     name: str,

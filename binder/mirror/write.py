@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Value
 
@@ -142,6 +143,8 @@ class Applied:
     stale: int = 0
     #: the last refusal, "<object>: <field>: <why>" (for SyncStatus.last_invalid)
     last_invalid: str = ""
+    #: objects not applied because another transaction held their rows (``defer_held``)
+    deferred: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -149,9 +152,13 @@ class Applied:
 
 
 def queue_full_pass() -> None:
-    """Queue a full pass after commit, unless passes are driven by hand (tests) or held."""
+    """Queue a full pass after commit (``GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS`` later,
+    so a burst of changes folds into one), unless passes are driven by hand (tests) or held."""
     if queue.auto_pass():
-        queue.queue_full_pass()
+        # The delay folds later events into the pass through the broker's collapse key;
+        # in-process passes (no broker) have none and run at once.
+        folds = queue.collapse_client() is not None
+        queue.queue_full_pass(delay=settings.GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS if folds else 0.0)
 
 
 def object_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -305,16 +312,29 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
     return mirror_objects(kind, [obj])
 
 
-def mirror_objects(kind: str, objects: Sequence[Mapping[str, Any]], *, queue: bool = True) -> Applied:
+def mirror_objects(
+    kind: str, objects: Sequence[Mapping[str, Any]], *, queue: bool = True, defer_held: bool = False
+) -> Applied:
     """Apply objects as the API server returned them (watch events, PATCH responses, GETs).
 
     An object older than its row is ignored (see the module docstring); one that only
     moved the version (a finalizer added, the binder's own write coming back as an
     event) updates the row's version and queues no pass.
+
+    ``defer_held``: an object whose row another transaction holds (a pass writing its
+    status, most often the very write this object echoes) is not waited for but handed
+    back in ``Applied.deferred``, for the caller to apply later; the sync's watch then never
+    stalls behind a pass.
     """
     with transaction.atomic():
         keys = [key for key in (storable_key(kind, obj) for obj in objects) if key is not None]
-        rows = _locked_versions(kind, keys) if kind in VERSIONED else {}
+        busy: set[tuple[str, str]] | None = set() if defer_held and kind in VERSIONED else None
+        rows = _locked_versions(kind, keys, busy=busy) if kind in VERSIONED else {}
+        deferred: tuple[Mapping[str, Any], ...] = ()
+        if busy:
+            deferred = tuple(obj for obj in objects if storable_key(kind, obj) in busy)
+            objects = [obj for obj in objects if storable_key(kind, obj) not in busy]
+            keys = [key for key in keys if key not in busy]
         noted = _noted_releases(kind, keys) if kind in RELEASED_BY_BINDER else {}
         deleted = invalid = stale = 0
         last_invalid = ""
@@ -349,7 +369,12 @@ def mirror_objects(kind: str, objects: Sequence[Mapping[str, Any]], *, queue: bo
         for ns, name in released:
             models.FinalizerRelease.objects.filter(kind=kind, namespace=ns, name=name).delete()
         applied = Applied(
-            upserted=len(writing), deleted=deleted, invalid=invalid, stale=stale, last_invalid=last_invalid
+            upserted=len(writing),
+            deleted=deleted,
+            invalid=invalid,
+            stale=stale,
+            last_invalid=last_invalid,
+            deferred=deferred,
         )
         # Only the version moved (a finalizer added, the binder's own write): nothing a pass reads.
         if queue and (deleted or any((p.namespace, p.name) not in same for p in writing)):
@@ -431,25 +456,35 @@ def _versions(kind: str, names: Iterable[str] | None = None, queryset: Any = Non
     return rows.values_list("id", Value(""), "name", version)
 
 
-def _locked_versions(kind: str, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def _locked_versions(
+    kind: str, keys: Iterable[tuple[str, str]], *, busy: set[tuple[str, str]] | None = None
+) -> dict[tuple[str, str], str]:
     """Lock the rows of ``keys`` and return their versions: a concurrent writer of the same
     row (the pass, the sync, the webhook) waits, then sees this write's version. Rows are
-    locked in id order, as every writer here locks them, so two writers cannot deadlock."""
+    locked in id order, as every writer here locks them, so two writers cannot deadlock.
+
+    Given a ``busy`` set, rows another transaction holds are not waited for: their keys are
+    added to it instead (a plain read finds the rows first, so a held row is told apart
+    from a missing one)."""
     wanted = set(keys)
     if not wanted:
         return {}
     names = sorted({name for _, name in wanted})
-    ids = sorted(
-        row_id
+    present = {
+        row_id: (ns, name)
         for start in range(0, len(names), 1000)
         for row_id, ns, name, _ in _versions(kind, names[start : start + 1000])
         if (ns, name) in wanted
-    )
+    }
+    ids = sorted(present)
     found: dict[tuple[str, str], str] = {}
     for start in range(0, len(ids), 1000):
-        rows = MODELS[kind].objects.select_for_update(of=("self",)).filter(id__in=ids[start : start + 1000])
+        locking = MODELS[kind].objects.select_for_update(of=("self",), skip_locked=busy is not None)
+        rows = locking.filter(id__in=ids[start : start + 1000])
         for _, ns, name, version in _versions(kind, queryset=rows.order_by("id")):
             found[(ns, name)] = version
+    if busy is not None:
+        busy.update(key for key in present.values() if key not in found)
     return found
 
 

@@ -32,6 +32,7 @@ standalone mode, from the worker's in-memory state brought current from the chan
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -70,6 +71,10 @@ def device_status(device: e.Device) -> dict[str, Any]:
     }
 
 
+#: Status writes a pass keeps in flight at once (within the client's connection pool).
+STATUS_WRITERS = 8
+
+
 def _conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
 
@@ -84,23 +89,49 @@ class _Writes:
 
     def patch(self, kind: str, namespace: str, name: str, status: Mapping[str, Any], version: str) -> bool:
         """One status write; True if it landed (a 409 queues a GET of the object)."""
-        if not version:
+        return self.patch_many(kind, [(namespace, name, status, version)])[0]
+
+    def patch_many(self, kind: str, writes: Sequence[tuple[str, str, Mapping[str, Any], str]]) -> list[bool]:
+        """Status writes of ``(namespace, name, status, version)``, up to :data:`STATUS_WRITERS`
+        in flight at once; whether each landed, in order. The apiserver serves requests in
+        parallel, so a pass binding thousands of devices waits for the slowest of a few
+        round trips at a time, not for the sum of them all, and holds its row locks that
+        much shorter. Only the HTTP calls run on the pool's threads; the bookkeeping (and
+        every database access) stays on the pass's own."""
+        api = apiserver.api()
+
+        def call(write: tuple[str, str, Mapping[str, Any], str]) -> dict[str, Any] | BaseException | None:
+            namespace, name, status, version = write
+            if not version:
+                return None
+            try:
+                return api.patch_status(kind, namespace, name, status, version)
+            except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
+                return exc
+
+        if len(writes) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(STATUS_WRITERS, len(writes))) as pool:
+                outcomes = list(pool.map(call, writes))
+        else:
+            outcomes = [call(w) for w in writes]
+        return [self._landed(kind, w[0], w[1], o) for w, o in zip(writes, outcomes, strict=True)]
+
+    def _landed(self, kind: str, namespace: str, name: str, outcome: dict[str, Any] | BaseException | None) -> bool:
+        if outcome is None:
             # A row without a version (written before versions were kept) has no
             # precondition to write against: read the object, write next pass.
             self.failed += 1
             self.refetch.append((namespace, name))
             return False
-        try:
-            stored = apiserver.api().patch_status(kind, namespace, name, status, version)
-        except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
+        if isinstance(outcome, BaseException):
             self.failed += 1
-            if _conflict(exc):
+            if _conflict(outcome):
                 self.refetch.append((namespace, name))
-            level = logging.INFO if is_transient(exc) else logging.ERROR
-            log.log(level, "status of %s %s/%s left for the next pass: %s", kind, namespace, name, describe(exc))
+            level = logging.INFO if is_transient(outcome) else logging.ERROR
+            log.log(level, "status of %s %s/%s left for the next pass: %s", kind, namespace, name, describe(outcome))
             return False
-        self.stored.append(stored)
-        if kube_client.is_deleting(stored):
+        self.stored.append(outcome)
+        if kube_client.is_deleting(outcome):
             # Being deleted: mirroring it drops the row (its units are released by the
             # next pass), so the pass must not count it as written.
             self.failed += 1
@@ -136,7 +167,8 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     decided = state.records["GPU"]
     object_ids = [state.device_ids[d.key] for d in result.devices if d.key in state.device_ids]
     current = _locked_devices(object_ids, state)
-    written: list[e.Device] = []
+    to_write: list[e.Device] = []
+    versions: list[str] = []
     for device in result.devices:
         object_id = state.device_ids.get(device.key)
         if object_id is None:
@@ -147,8 +179,12 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
             # next pass decides from the newer row (its feed entry is there).
             writes.failed += 1
             continue
-        if writes.patch("GPU", device.namespace, device.name, device_status(device), row[0]):
-            written.append(device)
+        to_write.append(device)
+        versions.append(row[0])
+    landed = writes.patch_many(
+        "GPU", [(d.namespace, d.name, device_status(d), v) for d, v in zip(to_write, versions, strict=True)]
+    )
+    written = [device for device, ok in zip(to_write, landed, strict=True) if ok]
     writes.mirror("GPU")
     keys = {d.key for d in written}
     classes, budgets, failed = _write_class_and_budget_status(result)

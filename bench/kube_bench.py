@@ -1,0 +1,616 @@
+"""Cluster mode on a real control plane, beside kube-scheduler on the same nodes.
+
+Not a test: it prints a markdown table for docs/benchmarks.md. It starts the test control
+plane (etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from hack/kube,
+KubeVirt's VMI CRD; see docs/testing.md) and, through the API, creates ``--nodes`` GPU nodes
+(16 units of one MIG resource each: eight H100 split in two) and ``--gpus`` GPU devices: all
+but ``--orders`` already Bound (the fleet, spread over the nodes at random), then the orders.
+Nodes are plain API objects whose status the bench writes (no kubelet runs); the not-ready
+taint the apiserver's admission puts on a new node is removed, as the node lifecycle
+controller does once a kubelet reports Ready.
+
+Side by side in one run:
+
+* **gpuplane as deployed**: ``manage.py sync_cluster`` and a binder ``celery worker`` as
+  processes, each with its deploy/ identity. The sync's first list into the mirror (time,
+  RSS, then its CPU while idle, watching only); ``--orders`` new GPUs created through the API
+  in sets of 1/2/4/8 until every one's status says Bound (the clock runs from the first create);
+  then a demand-over-capacity batch (``--over`` times the free units) and how many of its sets
+  are placed.
+* **kube-scheduler** (built from the same module) on the same nodes, holding the same fleet
+  (one pod per node, bound by nodeName, requesting the node's fleet units): one pod per
+  order set requesting the set's units of the same extended resource, created while the
+  scheduler runs, until every pod is bound; then the same over-capacity batch and how many
+  pods it places. Once with NodeResourcesFit's MostAllocated scoring (bin packing), once with
+  its default (LeastAllocated).
+* **VMI create → admitted**, measured from the client: the webhook server (TLS, the
+  apiserver's token checked) registered from deploy/; VMIs naming Bound sets, then the same
+  with the webhook unregistered; VMIs naming Pending sets (the sync queueing no pass, so the
+  webhook's bind-and-wait does the work), one creator and ``--creators`` at once.
+
+    .venv/bin/python bench/kube_bench.py --nodes 1000 --gpus 10000
+    .venv/bin/python bench/kube_bench.py --nodes 10000 --gpus 100000
+
+Uses a PostgreSQL database of its own (default gpuplane_kube_bench; dropped and made anew) and
+Redis (``GPUPLANE_BENCH_REDIS_URL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import os
+import random
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, database_name, ensure_database, pct, setup_django, wait_idle
+from servers import REDIS_URL, free_port, start_celery, stop
+
+sys.path.insert(0, str(ROOT))
+
+MIG = "nvidia.com/mig-3g.40gb"
+UNITS_PER_NODE = 16
+TENANTS = 100
+BATCH_LABEL = "bench.gpuplane.io/batch"
+GPUS = "/apis/gpuplane.io/v1alpha1/gpus"
+VMIS = "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=10000, help="GPU devices in all: the fleet (Bound) and the orders")
+    parser.add_argument("--orders", type=int, default=10000, help="new GPU devices to bind (in sets of 1/2/4/8)")
+    parser.add_argument("--over", type=float, default=1.5, help="the over-capacity batch, times the free units")
+    parser.add_argument("--vmis", type=int, default=200, help="VMI creates per latency measure")
+    parser.add_argument("--creators", type=int, default=20, help="concurrent creators for the Pending measure")
+    parser.add_argument("--threads", type=int, default=8, help="client threads creating objects")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--database", default="postgres://postgres@127.0.0.1:5432/gpuplane_kube_bench", help="dropped and made anew"
+    )
+    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: scheduler,vmi,over")
+    return parser.parse_args()
+
+
+def sets_of(units: int, rng: random.Random) -> list[int]:
+    """Set sizes (1/2/4/8 devices, more small than large) adding up to ``units``."""
+    sizes: list[int] = []
+    left = units
+    while left > 0:
+        size = min(left, rng.choices((1, 2, 4, 8), weights=(4, 3, 2, 1))[0])
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def in_parallel(threads: int, calls: list[Callable[[], Any]]) -> float:
+    """Run the zero-argument ``calls`` on ``threads`` threads; the seconds it took."""
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(call) for call in calls]:
+            future.result()
+    return time.perf_counter() - started
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database_name(url))))
+
+
+def proc_rss_mib(pid: int, field: str = "VmRSS") -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Bench:
+    """One run: the control plane, the fleet, and the figures gathered on the way."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from tests.support.controlplane import ControlPlane
+
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.plane = ControlPlane().start()
+        self.figures: dict[str, str] = {"control plane start": f"{self.plane.started_seconds:.1f} s"}
+        self.var = Path(tempfile.mkdtemp(prefix="gpuplane-kube-bench-"))  # the processes' logs, kept
+        print(f"logs in {self.var}", file=sys.stderr)
+        self.prefix = f"kube-bench-{os.getpid()}:"
+        self.fleet: dict[str, int] = {}  # node -> units the fleet holds there
+        self.order_sizes: list[int] = []
+        self.over_sizes: list[int] = []
+
+    def note(self, key: str, value: str) -> None:
+        self.figures[key] = value
+        print(f"  {key}: {value}", file=sys.stderr, flush=True)
+
+    def env(self, identity: str, **extra: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "DATABASE_URL": self.args.database,
+            "CELERY_BROKER_URL": REDIS_URL,
+            "GPUPLANE_BROKER_KEY_PREFIX": self.prefix,
+            "GPUPLANE_VAR_DIR": str(self.var),
+            "GPUPLANE_CLUSTER": "kubernetes",
+            "KUBECONFIG": str(self.plane.kubeconfig(identity)),
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(32),
+            "GPUPLANE_LOG_LEVEL": "WARNING",
+            **extra,
+        }
+        env.pop("GPUPLANE_KUBE_HOST", None)
+        return env
+
+    # -- the cluster ----------------------------------------------------------------------------
+
+    def create(self, objects: list[dict[str, Any]]) -> float:
+        return in_parallel(self.args.threads, [lambda o=o: self.plane.seed(o) for o in objects])
+
+    def nodes(self, count: int, first: int = 0) -> list[str]:
+        from tests.shapes import node_obj
+
+        names = [f"n{i:05d}" for i in range(first, first + count)]
+
+        def make(name: str) -> None:
+            node = node_obj(name, {MIG: UNITS_PER_NODE})
+            node["status"]["allocatable"]["nvidia.com/GH100_H100_SXM5_80GB"] = "0"
+            (stored,) = self.plane.seed(node)
+            # What the node lifecycle controller does once the kubelet reports Ready.
+            self.plane.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+        in_parallel(self.args.threads, [lambda n=n: make(n) for n in names])
+        return names
+
+    def setup(self) -> None:
+        from tests.shapes import class_obj, gpu_obj, namespace_obj
+
+        args = self.args
+        print(f"creating {args.nodes:,} nodes", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        names = self.nodes(args.nodes)
+        self.note("nodes created through the API", f"{args.nodes:,} in {time.perf_counter() - started:.0f} s")
+        self.plane.seed(class_obj("mig", MIG), *(namespace_obj(f"t{i}") for i in range(TENANTS)))
+        # The fleet: Bound sets on nodes chosen at random among those with room.
+        fleet_units = args.gpus - args.orders
+        free = dict.fromkeys(names, UNITS_PER_NODE)
+        gpus = []
+        for index, size in enumerate(sets_of(fleet_units, self.rng)):
+            roomy = [n for n in self.rng.sample(names, min(64, len(names))) if free[n] >= size]
+            node = roomy[0] if roomy else next(n for n in names if free[n] >= size)
+            free[node] -= size
+            self.fleet[node] = self.fleet.get(node, 0) + size
+            ns = f"t{index % TENANTS}"
+            gpus += [
+                gpu_obj(ns, f"fleet{index}-gpu{d}", "mig", f"fleet{index}", phase="Bound", node=node)
+                for d in range(size)
+            ]
+        print(f"creating the fleet: {len(gpus):,} Bound GPUs", file=sys.stderr, flush=True)
+        seconds = self.create(gpus)
+        if gpus:
+            self.note("fleet GPUs (Bound) created through the API", f"{len(gpus):,} in {seconds:.0f} s")
+        self.order_sizes = sets_of(args.orders, self.rng)
+        free_units = args.nodes * UNITS_PER_NODE - args.gpus
+        self.over_sizes = sets_of(int(free_units * args.over), self.rng)
+
+    def orders(self, batch: str, sizes: list[int], first: int = 0) -> list[dict[str, Any]]:
+        from tests.shapes import gpu_obj
+
+        gpus = []
+        for index, size in enumerate(sizes, start=first):
+            ns = f"t{index % TENANTS}"
+            for d in range(size):
+                gpu = gpu_obj(ns, f"{batch}{index}-gpu{d}", "mig", f"{batch}{index}")
+                gpu["metadata"]["labels"] = {BATCH_LABEL: batch}
+                gpus.append(gpu)
+        return gpus
+
+    def phases_of(self, batch: str) -> dict[str, int]:
+        query = urllib.parse.urlencode({"labelSelector": f"{BATCH_LABEL}={batch}"})
+        counts: dict[str, int] = {}
+        for gpu in self.plane.request("GET", f"{GPUS}?{query}")["items"]:
+            phase = (gpu.get("status") or {}).get("phase") or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
+    # -- gpuplane -------------------------------------------------------------------------------
+
+    @contextmanager
+    def gpuplane(self, *, auto_pass: bool, label: str) -> Iterator[subprocess.Popen[Any]]:
+        """The sync and a binder worker as processes; yields the sync once its first list
+        is mirrored (timed, with its RSS)."""
+        from binder import models
+
+        extra = {"GPUPLANE_AUTO_PASS": "true" if auto_pass else "false"}
+        worker = start_celery(
+            ["--pool", "solo", "-n", f"kube-bench-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
+             "--without-heartbeat"],
+            self.env("gpuplane-binder", **extra), self.var / f"worker-{label}.log",
+        )  # fmt: skip
+        log = (self.var / f"sync-{label}.log").open("w")
+        started = time.perf_counter()
+        syncing = subprocess.Popen(
+            [sys.executable, "manage.py", "sync_cluster", "--no-progress"],
+            cwd=ROOT, env=self.env("gpuplane-sync", **extra), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            want_gpus, want_nodes = self.gpu_count(), len(self.fleet_nodes())
+            while not (models.GpuDevice.objects.count() >= want_gpus and models.Node.objects.count() >= want_nodes):
+                if syncing.poll() is not None:
+                    raise SystemExit((self.var / f"sync-{label}.log").read_text()[-3000:])
+                time.sleep(0.2)
+            if label == "first start":  # a restart finds the mirror full already
+                self.note(
+                    "sync: first list of every kind into the mirror",
+                    f"{time.perf_counter() - started:.1f} s for {want_gpus:,} GPUs and {want_nodes:,} nodes; "
+                    f"RSS {proc_rss_mib(syncing.pid):,.0f} MiB (peak {proc_rss_mib(syncing.pid, 'VmHWM'):,.0f})",
+                )
+            yield syncing
+        finally:
+            stop(syncing)
+            stop(worker)
+            log.close()
+
+    def gpu_count(self) -> int:
+        body = self.plane.request("GET", f"{GPUS}?limit=1")
+        return int(body["metadata"].get("remainingItemCount", 0)) + len(body["items"])
+
+    def fleet_nodes(self) -> list[dict[str, Any]]:
+        return list(self.plane.request("GET", "/api/v1/nodes")["items"])
+
+    def idle_cpu(self, process: subprocess.Popen[Any], seconds: float = 30) -> None:
+        before = proc_cpu_seconds(process.pid)
+        time.sleep(seconds)
+        used = proc_cpu_seconds(process.pid) - before
+        self.note(
+            "sync: CPU while idle (watching only)",
+            f"{used / seconds * 100:.1f} % of a core over {seconds:.0f} s; RSS {proc_rss_mib(process.pid):,.0f} MiB",
+        )
+
+    def until_bound(self, batch: str, expected: int, timeout: float = 3600) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.phases_of(batch)
+            if counts.get("Bound", 0) >= expected:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{batch}: not every GPU Bound within {timeout:.0f} s: {counts}")
+            time.sleep(0.5)
+
+    def run_gpuplane(self) -> None:
+        import redis
+
+        from binder import models
+
+        broker = redis.Redis.from_url(REDIS_URL)
+        with self.gpuplane(auto_pass=True, label="first start") as syncing:
+            wait_idle(broker, self.prefix, timeout=3600)  # the pass after the first list
+            self.idle_cpu(syncing)
+            gpus = self.orders("order", self.order_sizes)
+            print(f"gpuplane: {len(gpus):,} orders in {len(self.order_sizes):,} sets", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            created = self.create(gpus)
+            self.until_bound("order", len(gpus))
+            seconds = time.perf_counter() - started
+            self.gpuplane_orders = seconds
+            self.note(
+                f"gpuplane: {len(gpus):,} orders, first create → every status Bound",
+                f"{seconds:.1f} s (creating them took {created:.1f} s)",
+            )
+            if "over" not in self.args.skip:
+                gpus = self.orders("over", self.over_sizes)
+                self.create(gpus)
+                while models.GpuDevice.objects.filter(name__startswith="over").count() < len(gpus):
+                    time.sleep(0.5)  # the sync mirrors them (and queues passes) first
+                wait_idle(broker, self.prefix, timeout=3600)
+                time.sleep(2)  # the last creates' events, mirrored, may queue one more pass
+                wait_idle(broker, self.prefix, timeout=3600)
+                self.gpuplane_over = self.sets_bound("over", self.over_sizes)
+
+    def sets_bound(self, batch: str, sizes: list[int]) -> int:
+        query = urllib.parse.urlencode({"labelSelector": f"{BATCH_LABEL}={batch}"})
+        bound: dict[str, int] = {}
+        for gpu in self.plane.request("GET", f"{GPUS}?{query}")["items"]:
+            if (gpu.get("status") or {}).get("phase") == "Bound":
+                vm = gpu["spec"]["vmName"]
+                bound[vm] = bound.get(vm, 0) + 1
+        return sum(1 for index, size in enumerate(sizes) if bound.get(f"{batch}{index}", 0) == size)
+
+    # -- kube-scheduler -------------------------------------------------------------------------
+
+    def pods(self, namespace: str, sizes: list[int], prefix: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{prefix}{index}", "namespace": namespace},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vm",
+                            "image": "registry.example/vm:1",
+                            "resources": {"requests": {MIG: str(size)}, "limits": {MIG: str(size)}},
+                        }
+                    ],
+                },
+            }  # fmt: skip
+            for index, size in enumerate(sizes)
+        ]
+
+    def scheduler_config(self, strategy: str) -> Path:
+        import json
+
+        path = self.var / f"scheduler-{strategy}.json"
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.plane.kubeconfig()), "qps": 5000, "burst": 5000},
+            "leaderElection": {"leaderElect": False},
+            "profiles": [{
+                "schedulerName": "default-scheduler",
+                "pluginConfig": [{
+                    "name": "NodeResourcesFit",
+                    "args": {"scoringStrategy": {"type": strategy, "resources": [{"name": MIG, "weight": 1}]}},
+                }],
+            }],
+        }  # fmt: skip
+        path.write_text(json.dumps(config))
+        return path
+
+    def pod_states(self, namespace: str) -> tuple[int, int, int]:
+        """(bound, unschedulable, total) of the namespace's pods."""
+        bound = unschedulable = 0
+        items = self.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+        for pod in items:
+            if pod["spec"].get("nodeName"):
+                bound += 1
+            elif any(
+                c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in (pod.get("status") or {}).get("conditions") or []
+            ):
+                unschedulable += 1
+        return bound, unschedulable, len(items)
+
+    def run_scheduler(self) -> None:
+        from tests.shapes import namespace_obj
+        from tests.support.controlplane import tool
+
+        # The fleet, as the scheduler sees a cluster's running pods: one per node, bound there.
+        self.plane.seed(namespace_obj("fleet"))
+        placeholders = []
+        for index, (node, units) in enumerate(sorted(self.fleet.items())):
+            (pod,) = self.pods("fleet", [units], "fleet")
+            pod["metadata"]["name"] = f"fleet{index}"
+            pod["spec"]["nodeName"] = node
+            placeholders.append(pod)
+        if placeholders:
+            self.create(placeholders)
+        self.scheduler_orders: dict[str, float] = {}
+        self.scheduler_over: dict[str, int] = {}
+        for strategy in ("MostAllocated", "LeastAllocated"):
+            ns = f"sched-{strategy.lower()}"
+            self.plane.seed(namespace_obj(ns))
+            log = (self.var / f"scheduler-{strategy}.log").open("w")
+            scheduler = subprocess.Popen(  # noqa: S603 - our own binary
+                [str(tool("kube-scheduler")), f"--config={self.scheduler_config(strategy)}", "--secure-port=0"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                time.sleep(3)  # its informers list the nodes and pods first
+                pods = self.pods(ns, self.order_sizes, "order")
+                print(f"kube-scheduler ({strategy}): {len(pods):,} pods", file=sys.stderr, flush=True)
+                started = time.perf_counter()
+                created = self.create(pods)
+                while self.pod_states(ns)[0] < len(pods):
+                    if scheduler.poll() is not None:
+                        raise SystemExit((self.var / f"scheduler-{strategy}.log").read_text()[-3000:])
+                    time.sleep(0.5)
+                seconds = time.perf_counter() - started
+                self.scheduler_orders[strategy] = seconds
+                self.note(
+                    f"kube-scheduler ({strategy}): {len(pods):,} pods, first create → every pod bound",
+                    f"{seconds:.1f} s (creating them took {created:.1f} s)",
+                )
+                if "over" not in self.args.skip:
+                    over = self.pods(ns, self.over_sizes, "over")
+                    self.create(over)
+                    while True:
+                        bound, unschedulable, total = self.pod_states(ns)
+                        if bound + unschedulable >= total:
+                            break
+                        time.sleep(1)
+                    self.scheduler_over[strategy] = bound - len(pods)
+            finally:
+                stop(scheduler)
+                log.close()
+            # The next strategy starts from the fleet alone.
+            self.plane.request("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+            while self.plane.request("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")["items"]:
+                time.sleep(0.5)
+        self.plane.request("DELETE", "/api/v1/namespaces/fleet/pods?gracePeriodSeconds=0")
+
+    # -- VMI creates ----------------------------------------------------------------------------
+
+    def register(self, url: str) -> None:
+        from tests.manifests import overlay
+
+        (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
+        config["webhooks"][0]["clientConfig"] = {
+            "url": f"{url}/webhooks/vmi",
+            "caBundle": base64.b64encode(self.plane.pki.ca_file.read_bytes()).decode(),
+        }
+        self.plane.apply(config)
+
+    def vmi(self, namespace: str, vm: str, devices: list[str]) -> dict[str, Any]:
+        from tests.factories import new_vmi
+
+        body = new_vmi(namespace, vm, devices)
+        body.pop("status", None)
+        body["metadata"] = {k: v for k, v in body["metadata"].items() if v is not None}
+        return body
+
+    def create_vmi(self, body: dict[str, Any], dry_run: bool = False) -> tuple[float, dict[str, Any]]:
+        started = time.perf_counter()
+        query = "?dryRun=All" if dry_run else ""
+        stored = self.plane.request("POST", VMIS.format(ns=body["metadata"]["namespace"]) + query, body)
+        return time.perf_counter() - started, stored
+
+    def bound_vmis(self, batch: str, sizes: list[int], picks: range) -> list[dict[str, Any]]:
+        return [
+            self.vmi(f"t{i % TENANTS}", f"{batch}{i}", [f"{batch}{i}-gpu{d}" for d in range(sizes[i])]) for i in picks
+        ]
+
+    def run_vmis(self) -> None:
+        from binder import models
+
+        count, creators = self.args.vmis, self.args.creators
+        if len(self.order_sizes) < 2 * count:
+            raise SystemExit(f"--vmis {count} needs at least {2 * count} order sets")
+        # Room for the Pending orders: fresh nodes (every other node may be full by now).
+        fresh = (count + count + UNITS_PER_NODE - 1) // UNITS_PER_NODE + 2
+        self.nodes(fresh, first=self.args.nodes)
+        crt, key = self.plane.pki.serving("webhook")
+        env = self.env(
+            "gpuplane-webhook",
+            GPUPLANE_AUTO_PASS="false",  # noqa: S106 - not a password
+            GPUPLANE_TLS_CERT_FILE=str(crt),
+            GPUPLANE_TLS_KEY_FILE=str(key),
+            GPUPLANE_WEBHOOK_AUTH="token",
+            GPUPLANE_WEBHOOK_TOKEN_FILE=str(self.plane.dir / "webhook-token"),
+            GPUPLANE_WEBHOOK_ENABLED="true",
+        )
+        port = free_port()
+        env["GPUPLANE_WEBHOOK_BIND"] = f"127.0.0.1:{port}"
+        log = (self.var / "webhook.log").open("w")
+        server = subprocess.Popen(
+            [sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            with self.gpuplane(auto_pass=False, label="restart") as _syncing:
+                import socket
+
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                        break
+                    except OSError:
+                        if server.poll() is not None or time.monotonic() > deadline:
+                            raise SystemExit((self.var / "webhook.log").read_text()[-3000:]) from None
+                        time.sleep(0.2)
+                # Bound sets, webhook off, then on (the same kind of VMI, other sets).
+                off = [self.create_vmi(v)[0] for v in self.bound_vmis("order", self.order_sizes, range(count))]
+                self.register(f"https://127.0.0.1:{port}")
+                probe = self.bound_vmis("order", self.order_sizes, range(count, count + 1))[0]
+                while not self.create_vmi(probe, dry_run=True)[1]["spec"].get("nodeSelector"):
+                    time.sleep(0.2)
+                on = []
+                for body in self.bound_vmis("order", self.order_sizes, range(count, 2 * count)):
+                    seconds, stored = self.create_vmi(body)
+                    assert stored["spec"]["nodeSelector"], stored["metadata"]["name"]
+                    on.append(seconds)
+                self.note(
+                    f"VMI create, webhook off ({count} one at a time)",
+                    f"p50 {pct(off, 50) * 1000:.0f} ms, p99 {pct(off, 99) * 1000:.0f} ms",
+                )
+                self.note(
+                    f"VMI create naming a Bound set, webhook on ({count} one at a time)",
+                    f"p50 {pct(on, 50) * 1000:.0f} ms, p99 {pct(on, 99) * 1000:.0f} ms "
+                    f"(p99 ÷ webhook off: {pct(on, 99) / pct(off, 99):.2f})",
+                )
+                # Pending sets: single-GPU orders the sync mirrors without queueing a pass.
+                for label, creators_now, n in (("1 creator", 1, count // 2), (f"{creators} creators", creators, count)):
+                    batch = f"pend{creators_now}x"
+                    gpus = self.orders(batch, [1] * n)
+                    self.create(gpus)
+                    while models.GpuDevice.objects.filter(name__startswith=batch).count() < n:
+                        time.sleep(0.2)
+                    bodies = [self.vmi(f"t{i % TENANTS}", f"{batch}{i}", [f"{batch}{i}-gpu0"]) for i in range(n)]
+                    latencies: list[float] = []
+                    refused: list[str] = []
+
+                    def one(
+                        body: dict[str, Any], latencies: list[float] = latencies, refused: list[str] = refused
+                    ) -> None:
+                        try:
+                            latencies.append(self.create_vmi(body)[0])
+                        except Exception as exc:  # noqa: BLE001 - counted and reported
+                            refused.append(str(exc)[:200])
+
+                    in_parallel(creators_now, [lambda b=b: one(b) for b in bodies])
+                    self.note(
+                        f"VMI create naming a Pending set, admitted ({label}, {n} VMIs)",
+                        (
+                            f"p50 {pct(latencies, 50) * 1000:.0f} ms, p99 {pct(latencies, 99) * 1000:.0f} ms"
+                            if latencies
+                            else "none"
+                        )
+                        + (f"; {len(refused)} refused, e.g. {refused[0]}" if refused else ""),
+                    )
+        finally:
+            stop(server)
+            log.close()
+
+    def table(self) -> str:
+        if hasattr(self, "gpuplane_orders") and getattr(self, "scheduler_orders", None):
+            for strategy, seconds in self.scheduler_orders.items():
+                self.figures[f"ratio: gpuplane ÷ kube-scheduler ({strategy}), orders to all bound"] = (
+                    f"{self.gpuplane_orders / seconds:.2f}"
+                )
+            for strategy, placed in getattr(self, "scheduler_over", {}).items():
+                self.figures[
+                    f"over capacity ({self.args.over:g}× the free units): sets placed ÷ pods placed ({strategy})"
+                ] = (
+                    f"{self.gpuplane_over:,} ÷ {placed:,} = {self.gpuplane_over / max(placed, 1):.3f} "
+                    f"(of {len(self.over_sizes):,})"
+                )
+        lines = [
+            f"| measure ({self.args.nodes:,} nodes × {UNITS_PER_NODE} units, {self.args.gpus:,} GPUs, "
+            f"{self.args.orders:,} of them orders in {len(self.order_sizes):,} sets) | figure |",
+            "|---|---|",
+        ]
+        lines += [f"| {key} | {value} |" for key, value in self.figures.items()]
+        return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    drop_database(args.database)
+    ensure_database(args.database)
+    setup_django(args.database, migrate=True)
+    bench = Bench(args)
+    try:
+        bench.setup()
+        bench.run_gpuplane()
+        if "scheduler" not in args.skip:
+            bench.run_scheduler()
+        if "vmi" not in args.skip:
+            bench.run_vmis()
+    finally:
+        bench.plane.stop()
+    print(bench.table())
+
+
+if __name__ == "__main__":
+    main()

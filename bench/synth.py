@@ -89,7 +89,12 @@ def truncate_all() -> None:
     from django.apps import apps
     from django.db import connection
 
-    tables = [m._meta.db_table for m in apps.get_app_config("binder").get_models() if not m._meta.proxy]
+    # Usage records are billing history, not the cluster: they stay.
+    tables = [
+        m._meta.db_table
+        for m in apps.get_app_config("binder").get_models()
+        if not m._meta.proxy and m._meta.db_table != "usage_usagerecord"
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in tables) + " RESTART IDENTITY CASCADE"

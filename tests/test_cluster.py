@@ -527,7 +527,7 @@ def test_webhook_denies_clearly_when_the_api_server_refuses_the_bind_request(
 def test_usage_records_read_many_vmis_with_one_list(apiserver: ControlPlane, monkeypatch: Any) -> None:
     """Past a few hundred VMIs to read fresh (a full reconciliation at scale names one per
     launcher pod), one LIST replaces a GET each; the records come out the same."""
-    from usage import records as usage_records
+    from binder.runtime import usage_records
 
     monkeypatch.setattr(usage_records, "_LIST_VMIS_FROM", 0)
     seed_cluster(apiserver)

@@ -29,10 +29,10 @@ from binder.engine.usage import (
 )
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
+from binder.runtime.usage_records import write_plan
 from tests.clock import Clock
 from tests.shapes import A10, H100, NOW, class_obj, gpu_class, gpu_obj, namespace_obj, node_obj
 from usage.models import UsageRecord
-from usage.records import write_plan
 
 T0 = NOW
 CLASSES = {"h100": gpu_class("h100", H100), "a10": gpu_class("a10", A10, units=2)}

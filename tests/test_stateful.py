@@ -109,6 +109,7 @@ from binder.mirror.write import MODELS as MIRROR_MODELS
 from binder.mirror.write import mirror_event
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
+from binder.runtime.usage_records import HOLDING_COLUMNS
 from binder.runtime.verify import compare_records
 from tests import shapes
 from tests.clock import Clock
@@ -136,7 +137,6 @@ from tests.engine_invariants import (
 )
 from usage import queries
 from usage.models import UsageRecord
-from usage.records import HOLDING_COLUMNS
 from webhooks import binding
 from webhooks.admission import Action, MirrorView, Review, Verdict, conclude, decide, parse_review
 

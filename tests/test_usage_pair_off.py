@@ -28,8 +28,8 @@ from binder.engine.usage import (
     pair_off,
     reconcile_usage,
 )
+from binder.runtime.usage_records import open_record_rows, write_plan
 from usage.models import UsageRecord
-from usage.records import open_record_rows, write_plan
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

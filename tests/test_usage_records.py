@@ -29,6 +29,7 @@ from binder.engine.usage import (
     reconcile_usage,
 )
 from binder.mirror.snapshot import load_objects
+from binder.models import ClosedRecordError
 from binder.runtime.passes import run_pass
 from tests.clock import Clock
 from tests.shapes import (
@@ -46,7 +47,7 @@ from tests.shapes import (
     vmi_obj,
 )
 from usage import queries
-from usage.models import ClosedRecordError, UsageRecord
+from usage.models import UsageRecord
 
 LAUNCHER_UID = "e566efd1-741e-4def-b164-403f2585fbba"  # the captured launcher's uid
 VGPU = "nvidia.com/NVIDIA_A10-12Q"
@@ -177,7 +178,7 @@ def test_real_launcher_requesting_more_than_its_devices_hold_gets_the_rest(clock
 def test_records_read_the_vmi_fresh_not_the_pass_snapshot(clock: Clock) -> None:
     """Usage records ask the VMI named by the pod's owner hint at write time."""
     load_objects(running_vm())
-    from usage import records as usage_records
+    from binder.runtime import usage_records
 
     calls: list[set[tuple[str, str]]] = []
     real_read = usage_records.fresh_vmis

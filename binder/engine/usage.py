@@ -332,7 +332,7 @@ def identity_text(holding: Holding) -> str:
     """The holding's identity as one string: its fields as text joined by
     :data:`IDENTITY_SEPARATOR`.
 
-    The database builds the same text from a record's row (``usage.records``), so a full
+    The database builds the same text from a record's row (``binder.runtime.usage_records``), so a full
     reconciliation reads one string a record instead of ten and hashes one: reading and
     hashing a million rows of ten fresh strings each was most of what it cost.
     """

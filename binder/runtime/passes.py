@@ -42,8 +42,8 @@ from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState, StatusWritten
+from binder.runtime.usage_records import record_usage
 from binder.runtime.verify import compare_records, compare_results
-from usage.records import record_usage
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """Write usage records at the end of every full pass, never in an answer pass.
 
+The binder owns the records (``binder.models.UsageRecord``); the usage app only reads them.
+
 The engine (``binder.engine.usage``) says what is held after the pass and which open
 records to close and which to open, and when; this module reads the open records, supplies
 the fresh VMI reads the launcher rule needs for pods, and writes the plan in the pass's
@@ -44,7 +46,7 @@ from binder.engine.usage import (
 from binder.kube.objects import ObjectError, parse_object
 from binder.mirror.convert import from_parsed
 from binder.mirror.read import read_rows
-from usage.models import UsageRecord
+from binder.models import UsageRecord
 
 #: The columns that make up a record's holding, in :class:`Holding` field order.
 HOLDING_COLUMNS = (

@@ -1,4 +1,4 @@
-"""The webhook server's admission step (``webhooks.views.Front``), in process.
+"""The webhook server's admission step (``webhooks.front.Front``), in process.
 
 The front admits at most ``threads + queue`` calls per process into its pool; past that a
 review is answered from the event loop: "try again" in the AdmissionReview shape of every
@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from tests.factories import new_vmi, review
-from webhooks.views import ARRIVED, Front
+from webhooks.front import Front
+from webhooks.views import ARRIVED
 
 TOKEN = "apiserver-token-for-tests-" + "y" * 16
 

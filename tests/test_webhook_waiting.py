@@ -30,6 +30,7 @@ from django.test import Client
 
 from binder import models
 from binder.mirror.snapshot import load_objects
+from binder.runtime import bind_requests
 from binder.runtime.readmodel import ReadModel
 from tests.factories import new_vmi, review
 from tests.shapes import H100, class_obj, gpu_obj, node_obj
@@ -74,7 +75,7 @@ def test_one_read_holds_the_rows_of_every_waiting_call_and_each_call_gets_only_i
     _answer("t1", ["vm1-gpu0"], "r1", "bound: n1")
     reads = binding.AnswerReads()
     with reads.waiting("t0", ("vm0-gpu0", "vm0-gpu1")), reads.waiting("t1", ("vm1-gpu0", "vm1-gpu1")):
-        rows = binding._read_rows(reads._waiting.values())
+        rows = bind_requests.read_rows(reads._waiting.values())
         assert set(rows) == {("t0", "vm0-gpu0"), ("t0", "vm0-gpu1"), ("t1", "vm1-gpu0"), ("t1", "vm1-gpu1")}
         assert answer_columns(rows[("t0", "vm0-gpu0")]) == ("vm0", "r0", "r0", "bound: n1")
         assert answer_columns(rows[("t1", "vm1-gpu1")]) == ("vm1", "", "", "")
@@ -103,7 +104,7 @@ def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monk
     for i in range(6):
         _answer(f"t{i % 3}", [f"vm{i}-gpu0", f"vm{i}-gpu1"], f"r{i}", f"bound: n{i}")
     reads = binding.AnswerReads()
-    real = binding._read_rows
+    real = bind_requests.read_rows
     statements: list[int] = []
     gate = threading.Event()
 
@@ -115,7 +116,7 @@ def test_many_calls_asking_at_once_each_get_their_own_rows_from_fewer_reads(monk
         finally:
             connection.close()  # each pool thread's own connection
 
-    monkeypatch.setattr(binding, "_read_rows", counted)
+    monkeypatch.setattr(bind_requests, "read_rows", counted)
     calls = 24
 
     def ask(i: int) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from binder.engine.accounting import ledger_for
+from binder.engine.fit import NodeCache, is_settled
 from binder.engine.launcher import launcher_of, raw_usage
-from binder.engine.placement import NodeCache, answer_pass, full_pass, is_settled
+from binder.engine.placement import answer_pass, full_pass
 from binder.engine.types import (
     Budget,
     Cluster,

@@ -18,7 +18,7 @@ from binder.engine import ANSWER_BOUND, Cluster, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.catalog import order_fit
 from binder.engine.explain import explain_sets
-from binder.engine.placement import is_settled
+from binder.engine.fit import is_settled
 from tests.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"

@@ -22,7 +22,7 @@ from django.test import Client
 from django.utils import timezone
 
 from binder import models
-from binder.engine.placement import REASON_BOUND
+from binder.engine.pass_state import REASON_BOUND
 from binder.runtime.passes import run_pass
 from tests.shapes import (
     A10,

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binder.engine.accounting import build_ledger
-from binder.engine.placement import NodeCache, _Pass, refuses_new, requested_selector_mismatch
+from binder.engine.fit import NodeCache, refuses_new, requested_selector_mismatch
+from binder.engine.placement import _Pass
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase, Taint, Toleration
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

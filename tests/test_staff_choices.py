@@ -18,7 +18,7 @@ from binder import models
 from binder.engine.explain import explain_sets
 from binder.mirror.read import read_cluster
 from binder.mirror.snapshot import load_objects
-from binder.reports.choices import choices_words, class_words
+from binder.reports.formatting import choices_words, class_words
 from binder.runtime.passes import run_pass
 from tests.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 

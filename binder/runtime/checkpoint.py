@@ -55,7 +55,7 @@ from django.db.models.functions import Now
 from binder import models
 from binder.engine import types as e
 from binder.engine.accounting import Ledger
-from binder.engine.placement import NodeCache
+from binder.engine.fit import NodeCache
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState
 

@@ -2,7 +2,8 @@
 
 An order with alternatives binds as the first of its classes with room and budget; a
 held set keeps the class it is held as while a launcher runs its VM, and its new members
-join as that class. These are the pass's methods for it, on top of :class:`PassState`.
+join as that class. These are the pass's methods for it, on top of :class:`PassState` (how the layers of a
+pass fit together: ``binder.engine.placement._Pass``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def main() -> None:
 
     from django.db import connection, transaction
 
-    from binder.engine.usage import Holding, RecordPhase, SubjectKind, Subjects, UsagePlan
+    from binder.engine.usage import RecordPhase, SubjectKind, Subjects, UsageHolding, UsagePlan
     from binder.runtime.usage_records import open_records_of, write_plan
     from usage.models import UsageRecord
 
@@ -58,7 +58,7 @@ def main() -> None:
     now = datetime.now(UTC)
     plan = UsagePlan(
         open=tuple(
-            Holding(
+            UsageHolding(
                 namespaces[i % len(namespaces)],
                 SubjectKind.GPU,
                 f"uwbench-{i}-gpu0",

@@ -228,6 +228,13 @@ def queue_full_pass(triggered_by: str = "event", delay: float = 0.0) -> None:
     _queue_on_commit(_FullPassAtCommit(triggered_by, delay))
 
 
+def queue_auto_full_pass() -> None:
+    """:func:`queue_full_pass` for a mirror change, unless passes are driven by hand (tests)
+    or held (:func:`auto_pass`)."""
+    if auto_pass():
+        queue_full_pass()
+
+
 def queue_answer_pass() -> None:
     """Ask for an answer pass once the current transaction commits."""
     _queue_on_commit(_send_answer_pass)

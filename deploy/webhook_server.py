@@ -52,9 +52,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)  # the repository root: gpuplane.wsgi and deploy.serving
 
-from deploy.serving import ServingError, boolean, existing_file, positive_int, tls_files  # noqa: E402
+from deploy.serving import TLS_PORT, ServingError, boolean, existing_file, positive_int, tls_files  # noqa: E402
 
-TLS_PORT = 8443
 PLAIN_PORT = 8001
 
 

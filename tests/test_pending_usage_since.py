@@ -20,8 +20,8 @@ from binder import models
 from binder.engine import types as e
 from binder.engine.usage import (
     HOLDING_ORDER,
-    Holding,
     OpenRecord,
+    UsageHolding,
     UsagePlan,
     change_time,
     holdings,
@@ -46,11 +46,11 @@ def device(name: str, phase: e.Phase, node: str, since: datetime, class_name: st
     return e.Device("t1", name, class_name, "vm1", phase, node if phase is e.Phase.BOUND else "", since)
 
 
-def held(*devices: e.Device) -> tuple[Holding, ...]:
+def held(*devices: e.Device) -> tuple[UsageHolding, ...]:
     return holdings(devices, (), CLASSES, lambda ns, name: None)
 
 
-def opened(holdings_: tuple[Holding, ...], start: datetime) -> list[OpenRecord]:
+def opened(holdings_: tuple[UsageHolding, ...], start: datetime) -> list[OpenRecord]:
     return [OpenRecord(i + 1, h, start) for i, h in enumerate(holdings_)]
 
 
@@ -130,7 +130,7 @@ def test_a_record_never_ends_before_it_began() -> None:
 @dataclass
 class Record:
     id: int
-    holding: Holding
+    holding: UsageHolding
     start: datetime
     end: datetime | None = None
 

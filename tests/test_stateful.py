@@ -101,7 +101,7 @@ from binder.engine.types import (
     Vmi,
 )
 from binder.engine.types import Settings as EngineSettings
-from binder.engine.usage import Holding, OpenRecord, holdings, reconcile_usage
+from binder.engine.usage import OpenRecord, UsageHolding, holdings, reconcile_usage
 from binder.kube import client as kube_client
 from binder.mirror.read import read_cluster
 from binder.mirror.snapshot import SnapshotError, load_objects
@@ -191,7 +191,7 @@ def stamp(moment: datetime) -> str:
 Held = tuple[str, str, str, str, str, str, int, str, str, str]
 
 
-def held_of(h: Holding) -> Held:
+def held_of(h: UsageHolding) -> Held:
     return (
         h.subject_kind.value,
         h.namespace,
@@ -399,7 +399,7 @@ class Record(NamedTuple):
     """One usage record, immutable: closing it replaces the tuple by one with an ``end``."""
 
     id: int
-    holding: Holding
+    holding: UsageHolding
     start: datetime
     end: datetime | None
 

@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from binder.engine.usage import (
-    Holding,
     OpenRecord,
     RecordPhase,
     SubjectKind,
+    UsageHolding,
     UsagePlan,
     holding_of,
     identity,
@@ -34,15 +34,17 @@ from usage.models import UsageRecord
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def gpu(name: str, node: str, *, since_s: int = 0, phase: RecordPhase = RecordPhase.BOUND, units: int = 1) -> Holding:
-    return Holding(
+def gpu(
+    name: str, node: str, *, since_s: int = 0, phase: RecordPhase = RecordPhase.BOUND, units: int = 1
+) -> UsageHolding:
+    return UsageHolding(
         "team-a", SubjectKind.GPU, name, "", "h100", "nvidia.com/H100", units, node, phase, "vm-1",
         since=T0 + timedelta(seconds=since_s),
     )  # fmt: skip
 
 
-def raw(pod: str, units: int) -> Holding:
-    return Holding("team-a", SubjectKind.POD, pod, "uid-" + pod, "nvidia.com/A10", "nvidia.com/A10", units, "n1",
+def raw(pod: str, units: int) -> UsageHolding:
+    return UsageHolding("team-a", SubjectKind.POD, pod, "uid-" + pod, "nvidia.com/A10", "nvidia.com/A10", units, "n1",
                    RecordPhase.RAW)  # fmt: skip
 
 
@@ -90,7 +92,7 @@ HOLDINGS = st.builds(
     recorded_until_s=st.none() | st.integers(min_value=0, max_value=20),
 )
 def test_the_plan_from_what_is_left_is_the_plan_from_everything(
-    records: list[tuple[Holding, int]], current: list[Holding], recorded_until_s: int | None
+    records: list[tuple[UsageHolding, int]], current: list[UsageHolding], recorded_until_s: int | None
 ) -> None:
     open_records = [
         OpenRecord(i + 1, holding, T0 + timedelta(seconds=start)) for i, (holding, start) in enumerate(records)
@@ -108,7 +110,7 @@ def test_the_plan_from_what_is_left_is_the_plan_from_everything(
 
 
 @given(current=st.lists(HOLDINGS, max_size=8, unique_by=lambda h: (h.subject, h.resource_name)))
-def test_pairing_by_identity_text_leaves_what_pairing_by_identity_leaves(current: list[Holding]) -> None:
+def test_pairing_by_identity_text_leaves_what_pairing_by_identity_leaves(current: list[UsageHolding]) -> None:
     rows = [(i, identity(h)) for i, h in enumerate(current[::2])]
     by_digest = [(i, identity_text(h)) for i, h in enumerate(current[::2])]
     assert pair_off(by_digest, current, identity_text) == pair_off(rows, current)

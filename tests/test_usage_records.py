@@ -21,10 +21,10 @@ from binder import models
 from binder.engine import types as e
 from binder.engine.usage import (
     HOLDING_ORDER,
-    Holding,
     OpenRecord,
     RecordPhase,
     SubjectKind,
+    UsageHolding,
     holdings,
     reconcile_usage,
 )
@@ -112,9 +112,9 @@ def test_engine_holdings_devices_and_pods() -> None:
 
 
 def test_engine_reconcile_keeps_unchanged_closes_changed_opens_new() -> None:
-    bound = Holding("t1", SubjectKind.GPU, "a", "", "h100", H100, 1, "n1", RecordPhase.BOUND, "vm1")
-    moved = Holding("t1", SubjectKind.GPU, "a", "", "h100", H100, 1, "n2", RecordPhase.BOUND, "vm1")
-    other = Holding("t1", SubjectKind.GPU, "b", "", "h100", H100, 1, "n1", RecordPhase.BOUND, "vm1")
+    bound = UsageHolding("t1", SubjectKind.GPU, "a", "", "h100", H100, 1, "n1", RecordPhase.BOUND, "vm1")
+    moved = UsageHolding("t1", SubjectKind.GPU, "a", "", "h100", H100, 1, "n2", RecordPhase.BOUND, "vm1")
+    other = UsageHolding("t1", SubjectKind.GPU, "b", "", "h100", H100, 1, "n1", RecordPhase.BOUND, "vm1")
     plan = reconcile_usage([OpenRecord(1, bound), OpenRecord(2, other), OpenRecord(3, other)], [moved, other])
     assert plan.close == (1, 3)  # a moved; a duplicate open record of b is closed too
     assert plan.open == (moved,)
@@ -125,7 +125,7 @@ def test_engine_reconcile_keeps_unchanged_closes_changed_opens_new() -> None:
 @given(
     st.lists(
         st.builds(
-            Holding,
+            UsageHolding,
             st.sampled_from(["t1", "t2"]),
             st.sampled_from(list(SubjectKind)),
             st.sampled_from(["a", "b", "c"]),
@@ -140,7 +140,7 @@ def test_engine_reconcile_keeps_unchanged_closes_changed_opens_new() -> None:
         max_size=30,
     )
 )
-def test_holdings_sort_by_their_key_in_the_dataclass_order(found: list[Holding]) -> None:
+def test_holdings_sort_by_their_key_in_the_dataclass_order(found: list[UsageHolding]) -> None:
     """The sort key that replaced the dataclass's ``__lt__`` orders holdings the same way,
     ties and all: usage plans stay exactly as deterministic as before."""
     assert sorted(found, key=HOLDING_ORDER) == sorted(found)

@@ -295,7 +295,7 @@ def _wait(
             return conclude(review, answered_view(view, answered, answers.rows), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
+            return database_lost(review, lost) if lost is not None else timed_out(review, wait)
         if listener is not None:
             seen = woken = listener.wait(seen, min(remaining, RECHECK_SECONDS))
         else:
@@ -347,7 +347,9 @@ def _close_connection() -> None:
             connection.close()
 
 
-def database_unavailable(review: Review, exc: BaseException) -> Verdict:
+def database_lost(review: Review, exc: BaseException) -> Verdict:
+    """The database failed under this call: log it, drop the broken connection, and deny
+    (the denial itself is ``admission.database_unavailable``)."""
     log.warning("VMI %s/%s denied: database unavailable: %s", review.namespace, review.name, describe(exc))
     _close_connection()
     return admission.database_unavailable(review)

@@ -51,7 +51,7 @@ from webhooks.admission import (
     parse_review,
     response,
 )
-from webhooks.binding import bind_and_wait, database_unavailable, mirror_view, reconnecting, wait_budget
+from webhooks.binding import bind_and_wait, database_lost, mirror_view, reconnecting, wait_budget
 from webhooks.callers import CallerPolicy, refusal
 
 #: The one media type a review may come as (the kube-apiserver sends it).
@@ -204,7 +204,7 @@ def admit(request: HttpRequest) -> HttpResponse:
         # The database went away (dropped connection, restart, failover): a clear denial
         # the caller can retry, never a 500 (which failurePolicy would turn into a
         # less obvious refusal, or an admission without the node pin).
-        verdict = database_unavailable(review, exc)
+        verdict = database_lost(review, exc)
     return _json(response(verdict))
 
 

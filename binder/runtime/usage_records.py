@@ -27,11 +27,11 @@ from binder.engine import types as e
 from binder.engine.launcher import VmiLookup
 from binder.engine.usage import (
     IDENTITY_SEPARATOR,
-    Holding,
     OpenRecord,
     RecordRow,
     SubjectKind,
     Subjects,
+    UsageHolding,
     UsagePlan,
     device_holdings,
     holding_of,
@@ -48,7 +48,7 @@ from binder.mirror.convert import from_parsed
 from binder.mirror.read import read_rows
 from binder.models import UsageRecord
 
-#: The columns that make up a record's holding, in :class:`Holding` field order.
+#: The columns that make up a record's holding, in :class:`UsageHolding` field order.
 HOLDING_COLUMNS = (
     "namespace",
     "subject_kind",
@@ -161,7 +161,7 @@ def devices_after(cluster: e.Cluster, changed: Iterable[e.Device]) -> dict[tuple
     return current
 
 
-def open_record_rows() -> tuple[list[RecordRow], Callable[[Holding], Hashable]]:
+def open_record_rows() -> tuple[list[RecordRow], Callable[[UsageHolding], Hashable]]:
     """Every open record's id and a key of its holding, and the key to give holdings,
     for :func:`binder.engine.usage.pair_off`.
 
@@ -255,7 +255,7 @@ def open_records_of(subjects: Subjects) -> list[OpenRecord]:
     return found
 
 
-def subject_holdings(cluster: e.Cluster, subjects: Subjects) -> tuple[Holding, ...]:
+def subject_holdings(cluster: e.Cluster, subjects: Subjects) -> tuple[UsageHolding, ...]:
     """What ``subjects`` hold after the pass (pods' VMIs read fresh, as for a full reconciliation)."""
     classes = {c.name: c for c in cluster.classes}
     return holdings(subjects.devices, (), classes, lookup({})) + tuple(
@@ -356,7 +356,7 @@ def write_plan(plan: UsagePlan, pass_id: int, now: datetime) -> None:
     )
 
 
-def _holding_row(h: Holding) -> tuple[object, ...]:
+def _holding_row(h: UsageHolding) -> tuple[object, ...]:
     return (
         h.namespace,
         h.subject_kind.value,

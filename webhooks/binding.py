@@ -77,7 +77,8 @@ def answered_view(view: MirrorView, names: Iterable[str], rows: Iterable[Device]
     the class the set is held as (its raw resource and tolerations). ``rows`` are the set's
     devices as the answer read found them (whole rows, converted as the mirror converts
     them): that read began after the answer pass committed, and everything else the view
-    holds was committed before the call arrived, which is all a decision needs (SPEC §5).
+    holds was committed before the call arrived, which is all a decision needs (a decision
+    reads what was committed before the call, never less).
     A node the view does not hold comes from the read model as it stands (it followed at
     least once since the call arrived). When a class or node is not there, or without
     ``rows``, the namespace is read again from a follow that starts now.

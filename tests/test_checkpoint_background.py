@@ -31,7 +31,7 @@ import pytest
 
 from binder import models
 from binder.mirror.snapshot import load_objects
-from binder.runtime import checkpoint
+from binder.runtime import checkpoint, checkpoint_payload
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
@@ -100,7 +100,7 @@ def test_passes_go_on_while_the_checkpoint_is_saved_from_the_state_at_the_fork(
     assert not checkpoint.saving()
     row = models.Checkpoint.objects.get()
     assert row.position == at_fork
-    payload = checkpoint._loads(bytes(row.data))
+    payload = checkpoint_payload.loads(bytes(row.data))
     assert payload["records"] == records_at_fork  # the content of its position, not the worker's now
     assert ("t1", "g2") not in payload["device_ids"]
     # A new worker starts from it and replays the feed after it.

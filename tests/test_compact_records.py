@@ -297,7 +297,7 @@ def test_settledness_does_not_depend_on_the_members_order(seed: int) -> None:
 
 
 def test_a_checkpoint_payload_keeps_its_records_shared_and_whole() -> None:
-    from binder.runtime import checkpoint
+    from binder.runtime import checkpoint_payload
 
     classes, nodes, sets, pods, vmis = _cluster(3)
     devices = {i: d for i, d in enumerate(d for members in sets.values() for d in members)}
@@ -315,8 +315,8 @@ def test_a_checkpoint_payload_keeps_its_records_shared_and_whole() -> None:
         "members": {key: {d.name: d for d in members} for key, members in sets.items()},
         "ledger": ledger,
     }
-    data = checkpoint._dumps(payload)
-    loaded = checkpoint._loads(data)
+    data = checkpoint_payload.dumps(payload)
+    loaded = checkpoint_payload.loads(data)
     # The records are a table read by ``map``, referred to by row number: not a
     # constructor call each (whose argument tuples the unpickler's memo kept).
     stream = io.BytesIO(zlib.decompress(data))

@@ -34,6 +34,28 @@ class TenantQuerySet(models.QuerySet[_M]):
         return self.filter(**{lookup + "__in": list(namespaces)})
 
 
+# -- the mirror: one model per mirrored kind ----------------------------------------------------
+#
+# Every mirrored row keeps why its object stopped parsing (``parse_error``); the GPU, class and
+# budget rows keep the resourceVersion they hold (cluster mode). Those fields are made by the
+# two functions below rather than inherited from an abstract model: a field inherited from an
+# abstract base comes first in the model's field order (the admin's forms), so each model
+# places them itself. What the namespaced kinds share besides (their tenant scoping, order and
+# name) is the abstract :class:`NamespacedMirror`.
+
+
+def parse_error_field() -> models.TextField[str, str]:
+    return models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
+
+def resource_version_field() -> models.CharField[str, str]:
+    return models.CharField(
+        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
+    )
+
+
 class Namespace(models.Model):
     """A Kubernetes namespace: one tenant. Devices, budgets, VMIs and pods live in one."""
 
@@ -44,9 +66,7 @@ class Namespace(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     objects = TenantQuerySet.as_manager()
 
@@ -55,6 +75,27 @@ class Namespace(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class NamespacedMirror(models.Model):
+    """A mirrored object that lives in a namespace (a tenant's): scoped per tenant
+    (``for_tenant``), ordered and named by namespace and name. Each kind declares its own
+    ``namespace`` and ``name`` (their reverse names and indexes differ)."""
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace: models.ForeignKey[Namespace, Namespace]
+    name: models.CharField[str, str]
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        ordering = ["namespace__name", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace.name}/{self.name}"
+
 
 
 class Node(models.Model):
@@ -77,9 +118,7 @@ class Node(models.Model):
     ready_since = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     class Meta:
         ordering = ["name"]
@@ -107,13 +146,9 @@ class GpuClass(models.Model):
     status_allocatable = models.IntegerField(default=0)
     status_bound = models.IntegerField(default=0)
     status_lost = models.IntegerField(default=0)
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     class Meta:
         ordering = ["name"]
@@ -130,7 +165,7 @@ class Phase(models.TextChoices):
     LOST = engine.Phase.LOST.value
 
 
-class GpuDevice(models.Model):
+class GpuDevice(NamespacedMirror):
     """A GPU object: one device a tenant ordered for one VM, and where the binder put it.
 
     Placement fields (``phase``, ``node``, ``since``, ``reason``, ``answered_request``,
@@ -140,8 +175,6 @@ class GpuDevice(models.Model):
     further classes the order accepts; ``status_class_name`` (written by the binder) is
     the one of them the device is held as while Bound or Lost.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     #: No index of its own: ``uniq_device_per_namespace`` and ``device_set_idx`` begin with it.
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices", db_index=False)
@@ -179,18 +212,11 @@ class GpuDevice(models.Model):
         help_text="status.reclaimFor: <namespace>/<vm> of the waiting set this borrowed set's GPUs are wanted for",
     )
     created = models.DateTimeField(null=True, blank=True)
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "GPU device"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_device_per_namespace")]
         indexes = [
@@ -213,11 +239,9 @@ class LostSet(GpuDevice):
         verbose_name = "Lost set"
 
 
-class GpuBudget(models.Model):
+class GpuBudget(NamespacedMirror):
     """A GPUBudget: a tenant's limits per class key or raw key, what it may borrow beyond
     them while GPUs stand idle, and the usage (and borrowed units) the binder saw."""
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="budgets")
     name = models.CharField(max_length=253)
@@ -227,33 +251,21 @@ class GpuBudget(models.Model):
     )
     used = models.JSONField(default=dict, blank=True)
     borrowed = models.JSONField(default=dict, blank=True, help_text="status.borrowed: key -> units of borrowed sets")
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "GPU budget"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_budget_per_namespace")]
 
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
-
-class VirtualMachineInstance(models.Model):
+class VirtualMachineInstance(NamespacedMirror):
     """A KubeVirt VMI: the devices it names and, in ``active_pods``, its real launchers.
 
     ``active_pods`` (pod UID -> node) is the only proof that a pod is this VMI's launcher;
     it is written by virt-controller, not by whoever creates the pod.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="vmis")
     name = models.CharField(max_length=253)
@@ -263,29 +275,19 @@ class VirtualMachineInstance(models.Model):
     node = models.CharField(max_length=253, blank=True)
     phase = models.CharField(max_length=32, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "VMI"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_vmi_per_namespace")]
 
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
-
-class Pod(models.Model):
+class Pod(NamespacedMirror):
     """A pod that requests GPU resources: raw usage unless it is a VMI's proven launcher.
 
     The owner fields are hints only (which VMI to look up); they are written by the
     pod's creator and prove nothing.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="pods")
     name = models.CharField(max_length=253)
@@ -298,18 +300,10 @@ class Pod(models.Model):
     owner_uid = models.CharField(max_length=64, blank=True)
     owner_vmi_hint = models.CharField(max_length=253, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_pod_per_namespace")]
-
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
 
 class PassKind(models.TextChoices):

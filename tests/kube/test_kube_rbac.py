@@ -108,7 +108,8 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
     """Each code path runs as the identity of the process that runs it in production; the
     audit log then says, per identity, what was called: nothing refused, nothing granted
     that no code uses."""
-    from usage import queries, records
+    from binder.runtime import usage_records as records
+    from usage import queries
 
     seed_cluster(apiserver)
     apiserver.mark_calls()

@@ -30,6 +30,7 @@ from webhooks.decision import (
     database_unavailable,
     decide,
     device_gone,
+    no_time_to_bind,
     overloaded,
     response,
     scheduling_conflict,
@@ -86,6 +87,7 @@ __all__ = [
     "scheduling_conflict",
     "set_changed",
     "term_matches",
+    "no_time_to_bind",
     "timed_out",
     "too_many_waiting",
 ]

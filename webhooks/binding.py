@@ -204,7 +204,7 @@ def bind_and_wait(
     if wait <= 0 or deadline <= time.monotonic():
         # No time left to wait for anything (the budget is spent, or the call spent it
         # queued for a thread): write nothing, answer at once.
-        return timed_out(review, 0.0)
+        return admission.no_time_to_bind(review, TIMEOUT_MARGIN)
     limit = settings.GPUPLANE_WEBHOOK_MAX_WAITING
     if not ANSWER_READS.enter(limit):
         # Every call from here on holds a thread until the binder answers: shed at once, write nothing.

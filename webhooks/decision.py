@@ -303,6 +303,18 @@ def timed_out(review: Review, seconds: float) -> Verdict:
     )
 
 
+def no_time_to_bind(review: Review, margin: float) -> Verdict:
+    """The set is Pending and the call has no time left to bind it: the apiserver's
+    timeoutSeconds is too short for a wait (the webhook answers ``margin`` seconds before
+    it), or the call spent its time queued. Nothing was written; say so, and what to change."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: its GPUs are not bound yet and no time is left in this call "
+        f"to bind them (the webhook answers {margin:g}s before the apiserver's timeoutSeconds: a call that "
+        "waited for a free thread, or a timeoutSeconds under 2, leaves none; deploy/ registers 10); try again",
+    )
+
+
 def too_many_waiting(review: Review, limit: int) -> Verdict:
     """This process already holds ``limit`` calls waiting for the binder: shed this one at once."""
     return _deny(

@@ -434,7 +434,7 @@ def test_usage_records_read_the_vmi_fresh_from_the_api_server(apiserver: Control
     # The VMI ends in the cluster; its event makes the set's pods a subject of the next
     # pass, whose records read the VMI fresh (a GET): the former launcher's GPUs
     # are now raw usage.
-    apiserver.request("PATCH", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status",
+    apiserver.request("PATCH", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1",
                       {"status": {"activePods": None}})  # fmt: skip
     sync.KindSync("VirtualMachineInstance", threading.Event(), relist_seconds=0, watch_seconds=1).relist()
     apiserver.mark_calls()

@@ -144,7 +144,7 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
     # The VMI ends: its pods are the next pass's subjects, their VMI read by a GET.
     apiserver.request(
         "PATCH",
-        "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status",
+        "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1",
         {"status": {"activePods": None}},
     )
     as_identity(apiserver, "gpuplane-sync")

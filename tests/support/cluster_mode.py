@@ -64,7 +64,7 @@ def seed_cluster(server: ControlPlane) -> None:
     # deleted by the garbage collector). The forger copies the owner reference: it proves nothing.
     (vmi,) = server.seed(vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {}, "n1"))
     (launcher,) = server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
-    path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1/status"
+    path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1"
     server.request("PATCH", path, {"status": {"activePods": {launcher["metadata"]["uid"]: "n1"}}})
     server.seed(launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
 

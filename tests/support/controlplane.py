@@ -60,7 +60,10 @@ CRDS = ROOT / "deploy" / "base" / "crds"
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
 NAMESPACE = ROOT / "deploy" / "base" / "namespace.yaml"
 #: KubeVirt's VirtualMachineInstance CRD as the test control plane serves it.
-VMI_CRD = Path(__file__).resolve().parent / "crds" / "kubevirt-vmi.yaml"
+KUBEVIRT_CRD = ROOT / "hack" / "kubevirt-crd.sh"
+# Kinds whose CRD has no status subresource: KubeVirt's virt-controller writes a VMI's status
+# with the object itself, and KubeVirt's own CRD (installed here) serves no ``/status``.
+NO_STATUS_SUBRESOURCE = frozenset({"VirtualMachineInstance"})
 
 #: gpuplane's namespace in deploy/ and the ServiceAccounts it gives each process.
 SYSTEM_NAMESPACE = "gpuplane-system"
@@ -120,6 +123,21 @@ def binaries_dir() -> Path:
     if done.returncode != 0 or not lines:
         detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ControlPlaneError(f"{HOW_TO_GET_BINARIES} (hack/kube-bin.sh: {detail})")
+    return Path(lines[-1])
+
+
+@functools.cache
+def kubevirt_vmi_crd() -> Path:
+    """KubeVirt's VirtualMachineInstance CRD as virt-operator installs it, generated from the
+    pinned kubevirt.io/kubevirt module by ``hack/kubevirt-crd.sh`` (which prints its path last)."""
+    try:
+        done = subprocess.run(["bash", str(KUBEVIRT_CRD)], check=False, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ControlPlaneError(f"KubeVirt's VMI CRD: {exc}") from exc
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ControlPlaneError(f"KubeVirt's VMI CRD (hack/kubevirt-crd.sh): {detail}")
     return Path(lines[-1])
 
 
@@ -531,7 +549,7 @@ class ControlPlane:
         """The CRDs (deploy/'s and KubeVirt's VMI), deploy/'s namespace and RBAC, and the
         union identity's bindings; then wait until the CRDs serve."""
         docs: list[dict[str, Any]] = []
-        for path in sorted(CRDS.glob("*.yaml")) + [VMI_CRD]:
+        for path in [*sorted(CRDS.glob("*.yaml")), kubevirt_vmi_crd()]:
             if path.name != "kustomization.yaml":
                 docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
         docs += [d for d in yaml.safe_load_all(NAMESPACE.read_text()) if d]
@@ -615,8 +633,9 @@ class ControlPlane:
         )
 
     def seed(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:
-        """Create each object, then write its status through ``/status``, the way real
-        objects get theirs (kubelet, KubeVirt, gpuplane); returns them as stored.
+        """Create each object, then write its status (through ``/status`` where the kind has
+        one), the way real objects get theirs (kubelet, KubeVirt, gpuplane); returns them as
+        stored.
 
         What the server decides for itself is realised rather than sent: it refuses a
         ``resourceVersion`` on create and replaces ``uid`` and ``creationTimestamp``. So a
@@ -654,7 +673,8 @@ class ControlPlane:
                 status.pop("qosClass", None)  # computed by the server from the containers, immutable
             if status:
                 resource = RESOURCES[obj["kind"]]
-                path = resource.path(obj["metadata"].get("namespace"), created["metadata"]["name"], "status")
+                sub = None if obj["kind"] in NO_STATUS_SUBRESOURCE else "status"
+                path = resource.path(obj["metadata"].get("namespace"), created["metadata"]["name"], sub)
                 created = self.request("PATCH", path, {"status": _swap(status, uids)})
             stored.append(created)
         return stored

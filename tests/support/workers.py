@@ -54,8 +54,11 @@ def reset_producer_pool() -> None:
 
 
 def database_url() -> str:
-    """The test database as a DATABASE_URL, for the processes a test starts."""
+    """The test database as a DATABASE_URL, for the processes a test starts (on SQLite the
+    test database is a file, so another process opens the same one)."""
     s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
@@ -110,21 +113,40 @@ class Worker:
         self.handle.close()
 
 
+class Served(str):
+    """A server's URL, with the process group serving it: a test may stop the group
+    (SIGSTOP) to stand for a server that accepts connections and never answers."""
+
+    pgid: int
+
+    def __new__(cls, url: str, pgid: int) -> Served:
+        served = super().__new__(cls, url)
+        served.pgid = pgid
+        return served
+
+    def hang(self) -> None:
+        os.killpg(self.pgid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.pgid, signal.SIGCONT)
+
+
 @contextmanager
 def webhook_server(
     env: dict[str, str], workdir: Path, *, scheme: str = "http", probe_http: bool = True, port: int | None = None
-) -> Iterator[str]:
+) -> Iterator[Served]:
     """The production webhook server (``deploy/webhook_server.py``: granian, its own port)
-    with ``env`` on a free port; yields its URL once ``/healthz`` answers (or, with
-    ``probe_http=False``, once the port accepts: a server that demands client certificates
-    answers no probe without one)."""
+    with ``env`` on a free port, in a process group of its own; yields its URL once
+    ``/healthz`` answers (or, with ``probe_http=False``, once the port accepts: a server that
+    demands client certificates answers no probe without one)."""
     port = port or free_port()
     env = {**env, "GPUPLANE_WEBHOOK_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEBHOOK_ENABLED": "true"}
     log = (workdir / "webhook-server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"{scheme}://127.0.0.1:{port}"
+        [sys.executable, "deploy/webhook_server.py"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = Served(f"{scheme}://127.0.0.1:{port}", process.pid)
     context = ssl._create_unverified_context()  # noqa: S323 - readiness probe of a loopback test server
     try:
         deadline = time.monotonic() + 30
@@ -142,11 +164,12 @@ def webhook_server(
                 time.sleep(0.1)
         yield url
     finally:
+        url.resume()  # a stopped group would not hear the SIGTERM
         process.terminate()
         try:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
 

@@ -38,7 +38,7 @@ from binder.engine.usage import Subjects
 from binder.mirror.read import engine_settings
 from binder.runtime import checkpoint, cluster
 from binder.runtime.answers import notify_answers
-from binder.runtime.bind_requests import record_answers
+from binder.runtime.bind_requests import ANSWER_COLUMNS, record_answers
 from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
 from binder.runtime.mirror_state import Catchup
@@ -81,9 +81,9 @@ DEVICE_WRITES_TABLE = (
     " reason text, answered_request varchar, answer text, held_as varchar, borrowed boolean, reclaim_for varchar)"
     " ON COMMIT DROP"
 )
-#: The fields a pass may write on a device.
-PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer", "status_class_name", "borrowed",
-                    "reclaim_for")  # fmt: skip
+#: The fields a pass may write on a device: its placement and its answer to a bind request
+#: (``bind_requests.ANSWER_COLUMNS``), never a column of the request itself (``REQUEST_COLUMNS``).
+PLACEMENT_FIELDS = ("phase", "node", "since", "reason", *ANSWER_COLUMNS, "status_class_name", "borrowed", "reclaim_for")
 
 ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,

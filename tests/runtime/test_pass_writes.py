@@ -71,3 +71,16 @@ def test_a_pass_run_deleted_takes_its_decisions_with_it() -> None:
         )  # fmt: skip
     runs[0].delete()
     assert list(models.Decision.objects.values_list("pass_run_id", flat=True)) == [runs[1].pk]
+
+
+def test_a_pass_writes_the_answer_to_a_bind_request_never_the_request() -> None:
+    """The bind request's columns belong to the webhook, the answer's to the pass
+    (binder.runtime.bind_requests): the fields a pass writes hold every answer column and
+    no request column, and both are real device columns."""
+    from binder.runtime.bind_requests import ANSWER_COLUMNS, REQUEST_COLUMNS
+    from binder.runtime.passes import PLACEMENT_FIELDS
+
+    columns = {f.name for f in models.GpuDevice._meta.get_fields()}
+    assert set(ANSWER_COLUMNS) <= set(PLACEMENT_FIELDS)
+    assert not set(REQUEST_COLUMNS) & set(PLACEMENT_FIELDS)
+    assert set(ANSWER_COLUMNS) | set(REQUEST_COLUMNS) <= columns

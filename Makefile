@@ -69,7 +69,7 @@ test-postgres: prereqs-postgres $(VENV)/.dev kube-bin-for-tests
 ## check-docs: every command, Make target, bench flag and link the docs show exists; the settings table is complete
 .PHONY: check-docs
 check-docs: $(VENV)/.dev
-	$(PY) -m pytest -p no:cacheprovider tests/test_docs.py tests/test_settings_doc.py
+	$(PY) -m pytest -p no:cacheprovider tests/project/test_docs.py tests/project/test_settings_doc.py
 
 ## lint: ruff, the import contracts (.importlinter, see docs/architecture.md) and mypy --strict
 lint: $(VENV)/.dev
@@ -78,7 +78,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/mypy
 
 ## chart-docs: what is generated from charts/gpuplane (deploy/base, the dashboards' JSON, the values
-## table and panel list in docs/operations.md); tests/test_chart.py fails when they are stale
+## table and panel list in docs/operations.md); tests/project/test_chart.py fails when they are stale
 .PHONY: chart-docs
 chart-docs: $(VENV)/.dev
 	$(PY) hack/chart.py all

@@ -169,7 +169,7 @@ class Bench:
         return in_parallel(self.args.threads, [lambda o=o: self.plane.seed(o) for o in objects])
 
     def nodes(self, count: int, first: int = 0) -> list[str]:
-        from tests.shapes import node_obj
+        from tests.support.shapes import node_obj
 
         names = [f"n{i:05d}" for i in range(first, first + count)]
 
@@ -184,7 +184,7 @@ class Bench:
         return names
 
     def setup(self) -> None:
-        from tests.shapes import class_obj, gpu_obj, namespace_obj
+        from tests.support.shapes import class_obj, gpu_obj, namespace_obj
 
         args = self.args
         print(f"creating {args.nodes:,} nodes", file=sys.stderr, flush=True)
@@ -215,7 +215,7 @@ class Bench:
         self.over_sizes = sets_of(int(free_units * args.over), self.rng)
 
     def orders(self, batch: str, sizes: list[int], first: int = 0) -> list[dict[str, Any]]:
-        from tests.shapes import gpu_obj
+        from tests.support.shapes import gpu_obj
 
         gpus = []
         for index, size in enumerate(sizes, start=first):
@@ -393,7 +393,7 @@ class Bench:
         return bound, unschedulable, len(items)
 
     def run_scheduler(self) -> None:
-        from tests.shapes import namespace_obj
+        from tests.support.shapes import namespace_obj
         from tests.support.controlplane import tool
 
         # The fleet, as the scheduler sees a cluster's running pods: one per node, bound there.
@@ -453,7 +453,7 @@ class Bench:
     # -- VMI creates ----------------------------------------------------------------------------
 
     def register(self, url: str) -> None:
-        from tests.manifests import overlay
+        from tests.support.manifests import overlay
 
         (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
         config["webhooks"][0]["clientConfig"] = {
@@ -463,7 +463,7 @@ class Bench:
         self.plane.apply(config)
 
     def vmi(self, namespace: str, vm: str, devices: list[str]) -> dict[str, Any]:
-        from tests.factories import new_vmi
+        from tests.support.factories import new_vmi
 
         body = new_vmi(namespace, vm, devices)
         body.pop("status", None)

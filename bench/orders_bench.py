@@ -1,4 +1,4 @@
-"""Time the pass that binds many new orders at once, phase by phase (issue 24).
+"""Time the pass that binds many new orders at once, phase by phase.
 
 Not a test. ``cluster_bench.py`` times this pass among a dozen others (15 minutes at 10k
 nodes); this bench does only the orders pass, on a warm worker and in a fresh worker

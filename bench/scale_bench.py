@@ -110,7 +110,7 @@ def phases(on: bool) -> dict[str, float]:
     wrap(state.ClusterState, "apply_result", "writes/the result into the state (beside the device writes)")
     wrap(state.ClusterState, "passed", "state.passed")
     wrap(state.ClusterState, "usage_subjects", "usage subjects")
-    from usage import records
+    from binder.runtime import usage_records as records
 
     for name in ("open_record_rows", "pair_off", "fresh_vmis", "open_records_of", "reconcile_usage", "write_plan"):
         wrap(records, name, f"usage records/{name}")

@@ -89,7 +89,12 @@ def truncate_all() -> None:
     from django.apps import apps
     from django.db import connection
 
-    tables = [m._meta.db_table for m in apps.get_app_config("binder").get_models() if not m._meta.proxy]
+    # Usage records are billing history, not the cluster: they stay.
+    tables = [
+        m._meta.db_table
+        for m in apps.get_app_config("binder").get_models()
+        if not m._meta.proxy and m._meta.db_table != "usage_usagerecord"
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in tables) + " RESTART IDENTITY CASCADE"
@@ -508,7 +513,7 @@ def bound_bodies(count: int) -> list[dict[str, Any]]:
     from django.db import connection
 
     from binder import models
-    from tests.factories import new_vmi, review
+    from tests.support.factories import new_vmi, review
 
     devices = models.GpuDevice._meta.db_table
     namespaces = models.Namespace._meta.db_table

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from binder.engine import Budget, Cluster, Device, GpuClass, Node, Phase, Pod, Vmi, full_pass, ledger_for
 from binder.engine.accounting import Ledger
-from binder.engine.placement import NodeCache
+from binder.engine.fit import NodeCache
 
 NAMESPACE = "trace"
 MODES = ("single_class", "alternatives")

@@ -2,7 +2,7 @@
 
 Not a test. Against a database with a generated cluster whose records a full pass has
 opened (``bench/cluster_bench.py --generate-only`` then ``manage.py run_pass``), it times
-what ``usage.records`` does for a pass that binds ``--rows`` new devices: the open-record
+what ``binder.runtime.usage_records`` does for a pass that binds ``--rows`` new devices: the open-record
 lookup for their subjects (``open_records_of``: one join on arrays) and the COPY of their
 new records (``write_plan``). Each run is one transaction that is rolled back, so the
 database is left as it was; ``--without`` drops the named indexes inside that transaction
@@ -40,9 +40,9 @@ def main() -> None:
 
     from django.db import connection, transaction
 
-    from binder.engine.usage import Holding, RecordPhase, SubjectKind, Subjects, UsagePlan
+    from binder.engine.usage import RecordPhase, SubjectKind, Subjects, UsageHolding, UsagePlan
+    from binder.runtime.usage_records import open_records_of, write_plan
     from usage.models import UsageRecord
-    from usage.records import open_records_of, write_plan
 
     table = UsageRecord._meta.db_table
     with connection.cursor() as cursor:
@@ -58,7 +58,7 @@ def main() -> None:
     now = datetime.now(UTC)
     plan = UsagePlan(
         open=tuple(
-            Holding(
+            UsageHolding(
                 namespaces[i % len(namespaces)],
                 SubjectKind.GPU,
                 f"uwbench-{i}-gpu0",

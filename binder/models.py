@@ -10,13 +10,15 @@ engine's plain dataclasses and back.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models.functions import Now
 
 from binder.engine import types as engine
+from binder.engine.usage import RecordPhase as EngineRecordPhase
+from binder.engine.usage import SubjectKind as EngineSubjectKind
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -32,6 +34,28 @@ class TenantQuerySet(models.QuerySet[_M]):
         return self.filter(**{lookup + "__in": list(namespaces)})
 
 
+# -- the mirror: one model per mirrored kind ----------------------------------------------------
+#
+# Every mirrored row keeps why its object stopped parsing (``parse_error``); the GPU, class and
+# budget rows keep the resourceVersion they hold (cluster mode). Those fields are made by the
+# two functions below rather than inherited from an abstract model: a field inherited from an
+# abstract base comes first in the model's field order (the admin's forms), so each model
+# places them itself. What the namespaced kinds share besides (their tenant scoping, order and
+# name) is the abstract :class:`NamespacedMirror`.
+
+
+def parse_error_field() -> models.TextField[str, str]:
+    return models.TextField(
+        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
+    )
+
+
+def resource_version_field() -> models.CharField[str, str]:
+    return models.CharField(
+        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
+    )
+
+
 class Namespace(models.Model):
     """A Kubernetes namespace: one tenant. Devices, budgets, VMIs and pods live in one."""
 
@@ -42,9 +66,7 @@ class Namespace(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     objects = TenantQuerySet.as_manager()
 
@@ -53,6 +75,27 @@ class Namespace(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class NamespacedMirror(models.Model):
+    """A mirrored object that lives in a namespace (a tenant's): scoped per tenant
+    (``for_tenant``), ordered and named by namespace and name. Each kind declares its own
+    ``namespace`` and ``name`` (their reverse names and indexes differ)."""
+
+    NAMESPACE_LOOKUP = "namespace__name"
+
+    namespace: models.ForeignKey[Namespace, Namespace]
+    name: models.CharField[str, str]
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        ordering = ["namespace__name", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace.name}/{self.name}"
+
 
 
 class Node(models.Model):
@@ -75,9 +118,7 @@ class Node(models.Model):
     ready_since = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(null=True, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     class Meta:
         ordering = ["name"]
@@ -105,13 +146,9 @@ class GpuClass(models.Model):
     status_allocatable = models.IntegerField(default=0)
     status_bound = models.IntegerField(default=0)
     status_lost = models.IntegerField(default=0)
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
     class Meta:
         ordering = ["name"]
@@ -128,7 +165,7 @@ class Phase(models.TextChoices):
     LOST = engine.Phase.LOST.value
 
 
-class GpuDevice(models.Model):
+class GpuDevice(NamespacedMirror):
     """A GPU object: one device a tenant ordered for one VM, and where the binder put it.
 
     Placement fields (``phase``, ``node``, ``since``, ``reason``, ``answered_request``,
@@ -138,8 +175,6 @@ class GpuDevice(models.Model):
     further classes the order accepts; ``status_class_name`` (written by the binder) is
     the one of them the device is held as while Bound or Lost.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     #: No index of its own: ``uniq_device_per_namespace`` and ``device_set_idx`` begin with it.
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="devices", db_index=False)
@@ -177,18 +212,11 @@ class GpuDevice(models.Model):
         help_text="status.reclaimFor: <namespace>/<vm> of the waiting set this borrowed set's GPUs are wanted for",
     )
     created = models.DateTimeField(null=True, blank=True)
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "GPU device"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_device_per_namespace")]
         indexes = [
@@ -211,11 +239,9 @@ class LostSet(GpuDevice):
         verbose_name = "Lost set"
 
 
-class GpuBudget(models.Model):
+class GpuBudget(NamespacedMirror):
     """A GPUBudget: a tenant's limits per class key or raw key, what it may borrow beyond
     them while GPUs stand idle, and the usage (and borrowed units) the binder saw."""
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="budgets")
     name = models.CharField(max_length=253)
@@ -225,33 +251,21 @@ class GpuBudget(models.Model):
     )
     used = models.JSONField(default=dict, blank=True)
     borrowed = models.JSONField(default=dict, blank=True, help_text="status.borrowed: key -> units of borrowed sets")
-    resource_version = models.CharField(
-        max_length=64, blank=True, help_text="cluster mode: the object's resourceVersion this row holds"
-    )
+    resource_version = resource_version_field()
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "GPU budget"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_budget_per_namespace")]
 
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
-
-class VirtualMachineInstance(models.Model):
+class VirtualMachineInstance(NamespacedMirror):
     """A KubeVirt VMI: the devices it names and, in ``active_pods``, its real launchers.
 
     ``active_pods`` (pod UID -> node) is the only proof that a pod is this VMI's launcher;
     it is written by virt-controller, not by whoever creates the pod.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="vmis")
     name = models.CharField(max_length=253)
@@ -261,29 +275,19 @@ class VirtualMachineInstance(models.Model):
     node = models.CharField(max_length=253, blank=True)
     phase = models.CharField(max_length=32, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         verbose_name = "VMI"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_vmi_per_namespace")]
 
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
-
-class Pod(models.Model):
+class Pod(NamespacedMirror):
     """A pod that requests GPU resources: raw usage unless it is a VMI's proven launcher.
 
     The owner fields are hints only (which VMI to look up); they are written by the
     pod's creator and prove nothing.
     """
-
-    NAMESPACE_LOOKUP = "namespace__name"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="pods")
     name = models.CharField(max_length=253)
@@ -296,18 +300,10 @@ class Pod(models.Model):
     owner_uid = models.CharField(max_length=64, blank=True)
     owner_vmi_hint = models.CharField(max_length=253, blank=True)
 
-    parse_error = models.TextField(
-        blank=True, help_text="why the cluster's object stopped parsing; the row keeps its last good state"
-    )
+    parse_error = parse_error_field()
 
-    objects = TenantQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["namespace__name", "name"]
+    class Meta(NamespacedMirror.Meta):
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_pod_per_namespace")]
-
-    def __str__(self) -> str:
-        return f"{self.namespace.name}/{self.name}"
 
 
 class PassKind(models.TextChoices):
@@ -604,3 +600,145 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint #{self.pk} at #{self.position} ({self.size} bytes)"
+
+
+# Usage records: written by the binder's full passes (``binder.runtime.usage_records``),
+# read by the usage app (the tenant API, daily roll-ups, the admin) through its proxy.
+#
+# They are what tenants are billed from, so they are an append-only history: a record is
+# opened by a full pass, closed by a later one, and never edited or deleted after it
+# closes. That is enforced here (model and queryset refuse it) and, on PostgreSQL, by a
+# trigger (usage migration 0002) that also stops raw SQL. Namespace and subject are copied
+# as names, not linked, so records outlive the devices, pods and namespaces they describe.
+
+#: The only columns a write may change on an open record: closing it.
+CLOSING_FIELDS = frozenset({"end", "closed_by_pass"})
+
+
+class ClosedRecordError(Exception):
+    """A write tried to change or delete a usage record in a way the history forbids."""
+
+
+class SubjectKind(models.TextChoices):
+    GPU = EngineSubjectKind.GPU.value
+    POD = EngineSubjectKind.POD.value
+
+
+class RecordPhase(models.TextChoices):
+    BOUND = EngineRecordPhase.BOUND.value
+    LOST = EngineRecordPhase.LOST.value
+    RAW = EngineRecordPhase.RAW.value
+
+
+_R = TypeVar("_R", bound="UsageRecord")
+
+
+class UsageRecordQuerySet(TenantQuerySet[_R]):
+    """Records scoped per tenant (``for_tenant``, the mirror's one rule); bulk writes may only
+    close open records, never delete. Generic so that the usage app's proxy reads its own type."""
+
+    def open(self) -> Self:
+        return self.filter(end__isnull=True)
+
+    def update(self, **kwargs: Any) -> int:
+        """Close open records (``end``, ``closed_by_pass``); closed rows are never matched."""
+        extra = set(kwargs) - CLOSING_FIELDS
+        if extra:
+            raise ClosedRecordError(f"usage records are append-only: cannot update {', '.join(sorted(extra))}")
+        if kwargs.get("end", ...) is None:
+            raise ClosedRecordError("usage records are append-only: a closed record cannot be reopened")
+        return super(UsageRecordQuerySet, self.filter(end__isnull=True)).update(**kwargs)
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ClosedRecordError("usage records are never deleted")
+
+    delete.queryset_only = True  # type: ignore[attr-defined]
+
+
+class UsageRecord(models.Model):
+    """Who held how many units of which key, where, from ``start`` until ``end``.
+
+    A device (subject kind GPU) has one open record while Bound or Lost; a pod (kind
+    Pod, phase Raw) one per resource while its raw usage is above zero. A
+    change of node, phase or units closes the record and opens the next at the same
+    instant. GPU-hours = units × hours.
+    """
+
+    NAMESPACE_LOOKUP = "namespace"
+
+    namespace = models.CharField(max_length=63)
+    subject_kind = models.CharField(max_length=8, choices=SubjectKind.choices)
+    subject = models.CharField(max_length=253, help_text="GPU device name, or pod name")
+    subject_uid = models.CharField(max_length=64, blank=True, help_text="pod uid (empty for devices)")
+    vm_name = models.CharField(max_length=253, blank=True, help_text="the device's VM (empty for pods)")
+    key = models.CharField(max_length=253, help_text="class name for devices, raw resource name for pods")
+    resource_name = models.CharField(max_length=253)
+    units = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    node = models.CharField(max_length=253, blank=True, help_text="empty while Lost")
+    phase = models.CharField(max_length=8, choices=RecordPhase.choices)
+    borrowed = models.BooleanField(default=False, help_text="held by a borrowed set (lending)")
+    start = models.DateTimeField()
+    end = models.DateTimeField(null=True, blank=True, help_text="empty while the record is open")
+    opened_by_pass = models.BigIntegerField(null=True, blank=True, help_text="id of the full pass that opened it")
+    closed_by_pass = models.BigIntegerField(null=True, blank=True, help_text="id of the full pass that closed it")
+
+    objects = UsageRecordQuerySet["UsageRecord"].as_manager()
+
+    class Meta:
+        # The table keeps the name it had when the usage app owned the model (migration
+        # binder/0016 moved only Django's state). The admin page and the permission
+        # ``usage.view_usagerecord`` belong to usage's proxy (``usage.models.UsageRecord``),
+        # so this model has none of its own.
+        db_table = "usage_usagerecord"
+        default_permissions = ()
+        ordering = ["start", "id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(units__gte=1), name="usage_units_positive"),
+            models.CheckConstraint(
+                condition=models.Q(end__isnull=True) | models.Q(end__gte=models.F("start")),
+                name="usage_end_after_start",
+            ),
+            # At most one open record per subject and resource: a device is Bound or Lost once.
+            models.UniqueConstraint(
+                fields=["namespace", "subject_kind", "subject", "subject_uid", "resource_name"],
+                condition=models.Q(end__isnull=True),
+                name="usage_one_open_per_subject",
+            ),
+        ]
+        # The open records (every pass's lookup of its subjects' records by namespace, kind
+        # and subject, a full reconciliation's "end IS NULL", a tenant's open records) are
+        # read through usage_one_open_per_subject (the constraint's partial index): a pass
+        # that opens 26k records writes every index, so none is kept for them alone.
+        indexes = [
+            models.Index(fields=["namespace", "start"], name="usage_ns_start_idx"),
+            models.Index(fields=["namespace", "key", "start"], name="usage_ns_key_idx"),
+            # Windows: "ended after from" bounded by an index, so a query over 30 days
+            # does not read a tenant's whole history (with usage_ns_start_idx and the open one).
+            models.Index(fields=["namespace", "end"], name="usage_ns_end_idx"),
+        ]
+
+    def __str__(self) -> str:
+        until = self.end.isoformat() if self.end else "now"
+        return f"{self.namespace}/{self.subject} {self.units}×{self.key} {self.phase} {self.start.isoformat()}–{until}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """New records may be saved; an existing one only while open, and only to close it."""
+        if self.pk is not None and not kwargs.get("force_insert"):
+            stored = type(self).objects.filter(pk=self.pk).values().first()
+            if stored is not None:
+                if stored["end"] is not None:
+                    raise ClosedRecordError(f"usage record {self.pk} is closed and cannot be changed")
+                changed = {f for f, v in stored.items() if f != "id" and getattr(self, f) != v}
+                if changed - CLOSING_FIELDS:
+                    raise ClosedRecordError(
+                        f"usage record {self.pk}: only end and closed_by_pass may change, not "
+                        + ", ".join(sorted(changed - CLOSING_FIELDS))
+                    )
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ClosedRecordError("usage records are never deleted")
+
+    @property
+    def is_open(self) -> bool:
+        return self.end is None

@@ -228,6 +228,16 @@ def queue_full_pass(triggered_by: str = "event", delay: float = 0.0) -> None:
     _queue_on_commit(_FullPassAtCommit(triggered_by, delay))
 
 
+def queue_auto_full_pass() -> None:
+    """:func:`queue_full_pass` for a mirror change, unless passes are driven by hand (tests)
+    or held (:func:`auto_pass`): ``GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS`` later, so a
+    burst of changes folds into one pass. The delay folds later events through the broker's
+    collapse key; in-process passes (no broker) have none and run at once."""
+    if auto_pass():
+        folds = collapse_client() is not None
+        queue_full_pass(delay=settings.GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS if folds else 0.0)
+
+
 def queue_answer_pass() -> None:
     """Ask for an answer pass once the current transaction commits."""
     _queue_on_commit(_send_answer_pass)

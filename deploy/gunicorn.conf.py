@@ -35,9 +35,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from deploy.serving import positive_int, tls_files  # noqa: E402
+from deploy.serving import TLS_PORT, positive_int, tls_files  # noqa: E402
 
-TLS_PORT = 8443
 PLAIN_PORT = 8000
 
 _tls = tls_files()

@@ -6,7 +6,8 @@ a size below 1 or not a number, one TLS file without the other, a path that is n
 and cluster mode without TLS (the kube-apiserver calls admission webhooks over HTTPS only,
 so a plain-HTTP server there would only make every VMI CREATE fail less obviously) all
 stop the server before it binds, naming the variable. Standard library only: gunicorn
-loads its config file before any Django code.
+loads its config file before any Django code. ``gpuplane.settings`` reads its own
+integers and yes/no settings through the same two parsers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ CLUSTER_NEEDS_TLS = (
 )
 
 
+#: The port both servers listen on with TLS when no bind address is set.
+TLS_PORT = 8443
+
+
 def positive_int(name: str, default: int, minimum: int = 1) -> int:
     """``name`` as an integer of at least ``minimum`` (``default`` when unset or empty)."""
     raw = os.environ.get(name) or str(default)
@@ -38,7 +43,7 @@ def positive_int(name: str, default: int, minimum: int = 1) -> int:
     return value
 
 
-#: The spellings a yes/no setting takes (as ``gpuplane.settings.env_bool`` reads them).
+#: The spellings a yes/no setting takes (``gpuplane.settings.env_bool`` reads them here too).
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 

@@ -28,7 +28,7 @@ Everything comes from the environment:
     Processes (default 2) and the threads per process that run the Django application
     (default 16).
 ``GPUPLANE_WEBHOOK_SHED`` / ``GPUPLANE_WEBHOOK_QUEUE``
-    ``true``: serve through granian's RSGI interface and ``webhooks.views.Front``, which
+    ``true``: serve through granian's RSGI interface and ``webhooks.front.Front``, which
     admits at most threads + queue calls per process (queue default 16, may be 0) and answers
     a review beyond them "try again" at once from the event loop instead of queueing it behind
     the rest. Default ``false``: granian's WSGI interface, as before (on the 2-core bench
@@ -52,9 +52,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)  # the repository root: gpuplane.wsgi and deploy.serving
 
-from deploy.serving import ServingError, boolean, existing_file, positive_int, tls_files  # noqa: E402
+from deploy.serving import TLS_PORT, ServingError, boolean, existing_file, positive_int, tls_files  # noqa: E402
 
-TLS_PORT = 8443
 PLAIN_PORT = 8001
 
 
@@ -82,9 +81,9 @@ def options() -> dict[str, object]:
             tls |= {"ssl_ca": client_ca, "ssl_client_verify": True}
     threads, _ = pool_sizes()
     if shedding():
-        # granian's RSGI interface: each call reaches webhooks.views.Front in the event loop
+        # granian's RSGI interface: each call reaches webhooks.front.Front in the event loop
         # as soon as its header is in, so a call past the limit is shed at once rather than
-        # queued by granian in front of blocking threads (issue 23).
+        # queued by granian in front of blocking threads.
         served: dict[str, object] = {
             "target": "deploy.webhook_server:webhook",
             "interface": Interfaces.RSGI,
@@ -129,7 +128,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     if not _FRONT:
         from gpuplane.wsgi import application
-        from webhooks.views import Front
+        from webhooks.front import Front
 
         _FRONT.append(Front(application, *pool_sizes()))
     return _FRONT[0]

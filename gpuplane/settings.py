@@ -15,33 +15,26 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from deploy import serving
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUPLANE_VAR_DIR", BASE_DIR / "var"))
 
 
 def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true or false)")
+    """``name`` as true or false, read as the servers read theirs (``deploy.serving``)."""
+    try:
+        return serving.boolean(name, default)
+    except serving.ServingError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+    """``name`` as an integer of at least ``minimum``, read as the servers read theirs."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
-    return value
+        return serving.positive_int(name, default, minimum)
+    except serving.ServingError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_float(name: str, default: float, minimum: float = 0.0, maximum: float = math.inf) -> float:

@@ -8,7 +8,7 @@
     hack/chart.py all [--check]         all three (`make chart-docs`)
 
 With ``--check`` nothing is written: the command fails, naming the files, when they differ from
-what it would write (tests/test_chart.py runs it). ``helm`` comes from hack/kube-bin.sh (built from
+what it would write (tests/project/test_chart.py runs it). ``helm`` comes from hack/kube-bin.sh (built from
 the Go module pinned in hack/kube), or from ``$HELM``.
 
 The Kustomize base is the chart rendered for the release ``gpuplane`` in ``gpuplane-system``, with

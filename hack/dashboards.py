@@ -2,7 +2,7 @@
 (JSON for import, and the chart's ConfigMaps for Grafana's sidecar) and lists every panel with the
 question it answers in docs/operations.md.
 
-Every query uses only series /metrics exports (tests/test_chart.py scrapes the product and fails on
+Every query uses only series /metrics exports (tests/project/test_chart.py scrapes the product and fails on
 a name it does not find). Every web process answers the same database-derived numbers, so each
 query takes ``max`` over the scraped instances before it sums over anything else; only the
 ``gpuplane_readmodel_*`` series describe the process that answered (label ``process``).

@@ -5,7 +5,7 @@ automatic passes on to check them. With ``GPUPLANE_FORBID_SKIPS=1`` (the Postgre
 in CI) any skipped test fails the session, so a run that silently fell back is red.
 
 Test modules share objects through these fixtures and through the helper modules next
-to them (tests/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
+to them (tests/support/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
 manifests.py, engine_invariants.py, accounts.py, clock.py, staff_cluster.py, browsing.py),
 never by importing another test module.
 """
@@ -29,13 +29,13 @@ from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
-from tests import databases, workers
-from tests.browsing import launch_chromium, load_demo, new_page
-from tests.clock import Clock
-from tests.factories import two_tenants
-from tests.staff_cluster import load_staff_cluster
+from tests.support import databases, workers
+from tests.support.browsing import launch_chromium, load_demo, new_page
+from tests.support.clock import Clock
 from tests.support.controlplane import UNION_USER, ControlPlane, ControlPlaneError
+from tests.support.factories import two_tenants
 from tests.support.faults import FaultWebhook, WatchProxy
+from tests.support.staff_cluster import load_staff_cluster
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -52,7 +52,7 @@ os.environ.setdefault("GPUPLANE_READ_MODEL_AT_START", "false")
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:
     """On PostgreSQL every test database (one per xdist worker) is a copy of one migrated
-    template (tests/databases.py) instead of a migration from nothing."""
+    template (tests/support/databases.py) instead of a migration from nothing."""
     db = django_settings.DATABASES["default"]
     if db["ENGINE"] == "django.db.backends.postgresql":
         with django_db_blocker.unblock():
@@ -64,11 +64,11 @@ def _manual_passes(settings: Any) -> None:
     settings.GPUPLANE_AUTO_PASS = False
     # The webhook is off by default in standalone mode, and in cluster mode served only by the
     # webhook server; the tests call it through Django's client as that server would
-    # (tests/test_webhook_serving.py checks the defaults, the servers and who may call).
+    # (tests/webhooks/test_webhook_serving.py checks the defaults, the servers and who may call).
     settings.GPUPLANE_WEBHOOK_ENABLED = True
     settings.GPUPLANE_SERVE = "webhook"
     # Checkpoints off: the tests of when a worker reads everything again see those reads
-    # (tests/test_checkpoint.py turns them on; GPUPLANE_TEST_CHECKPOINTS=1 runs the
+    # (tests/runtime/test_checkpoint.py turns them on; GPUPLANE_TEST_CHECKPOINTS=1 runs the
     # state-machine tests with them, where only "rebuilt" views become "checkpoint").
     settings.GPUPLANE_CHECKPOINTS = os.environ.get("GPUPLANE_TEST_CHECKPOINTS") == "1"
 
@@ -85,7 +85,7 @@ def _close_answer_listener() -> Iterator[None]:
 
 @pytest.fixture
 def clock() -> Iterator[Clock]:
-    """Freeze ``django.utils.timezone.now`` at tests.shapes.NOW; ``clock.advance(hours=1)``."""
+    """Freeze ``django.utils.timezone.now`` at tests.support.shapes.NOW; ``clock.advance(hours=1)``."""
     c = Clock()
     with mock.patch("django.utils.timezone.now", side_effect=lambda: c.now):
         yield c
@@ -96,8 +96,8 @@ def clock() -> Iterator[Clock]:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Clock:
-    """Load two tenants (tests.factories.two_tenants), run a pass, 2 h later move t1's set
-    to n3, 1 h later stop there. (tests/test_admin.py and tests/test_staff_pages.py define
+    """Load two tenants (tests.support.factories.two_tenants), run a pass, 2 h later move t1's set
+    to n3, 1 h later stop there. (tests/staff/test_admin.py and tests/staff/test_staff_pages.py define
     a ``cluster`` of their own, which takes the place of this one in those modules.)"""
     load_objects(two_tenants())
     run_pass("full")
@@ -122,21 +122,21 @@ def fast_passwords(settings: Any) -> None:
 
 @pytest.fixture
 def placed(tmp_path: Path) -> models.PassRun:
-    """The staff cluster (tests/staff_cluster.py), placed by one full pass.
-    (tests/test_staff_audit.py and tests/test_staff_time.py define a ``placed`` of their own.)"""
+    """The staff cluster (tests/support/staff_cluster.py), placed by one full pass.
+    (tests/staff/test_staff_audit.py and tests/staff/test_staff_time.py define a ``placed`` of their own.)"""
     return load_staff_cluster(tmp_path)
 
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    """Debian's Chromium, per test (about a second; tests/browsing.py)."""
+    """Debian's Chromium, per test (about a second; tests/support/browsing.py)."""
     with launch_chromium() as chromium:
         yield chromium
 
 
 @pytest.fixture
 def page(live_server: Any, browser: Browser) -> Page:
-    """A 1280 × 900 page (tests/browsing.py's new_page) with the live server running; it
+    """A 1280 × 900 page (tests/support/browsing.py's new_page) with the live server running; it
     closes with the browser."""
     return new_page(browser)
 
@@ -144,7 +144,7 @@ def page(live_server: Any, browser: Browser) -> Page:
 @pytest.fixture
 def demo() -> None:
     """The demo cluster, placed as ``make demo`` places it, and the ``staff`` superuser.
-    (tests/test_staff_explain.py defines a ``demo`` of its own, without the user.)"""
+    (tests/staff/test_staff_explain.py defines a ``demo`` of its own, without the user.)"""
     load_demo()
 
 
@@ -199,7 +199,7 @@ def watch_proxy(apiserver: ControlPlane) -> Iterator[WatchProxy]:
         proxy.stop()
 
 
-# -- real parts: Redis, `celery worker`, gunicorn (tests/workers.py) ------------------------------
+# -- real parts: Redis, `celery worker`, gunicorn (tests/support/workers.py) ------------------------------
 
 
 @pytest.fixture
@@ -211,7 +211,7 @@ def postgres_only() -> None:
 @pytest.fixture
 def broker(settings: Any) -> Iterator[redis.Redis]:
     """Point this process's Celery at the test Redis, flushed; restore afterwards.
-    (tests/test_faults.py overrides it with its own Redis; tests/test_metrics.py has a
+    (tests/system/test_faults.py overrides it with its own Redis; tests/runtime/test_metrics.py has a
     ``broker`` of its own.)"""
     client = redis.Redis.from_url(workers.REDIS_URL)
     client.ping()  # no Redis is a failure here, not a skip

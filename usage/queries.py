@@ -21,8 +21,9 @@ from binder import models as binder_models
 from binder.engine import Limits, build_ledger, effective_limits, tenant_usage
 from binder.engine.accounting import is_raw_key, remaining
 from binder.mirror.read import engine_settings, read_rows
-from usage.models import SubjectKind, UsageRecord
-from usage.records import fresh_vmis
+from binder.models import SubjectKind
+from binder.runtime.usage_records import fresh_vmis
+from usage.models import UsageRecord
 
 SECONDS_PER_HOUR = 3600.0
 

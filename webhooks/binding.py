@@ -27,22 +27,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Q
-from django.utils import timezone
 from kubernetes.client import ApiException
 
-from binder import apiserver, models, queue
+from binder import apiserver, queue
 from binder.engine import ANSWER_BOUND, Device, Node
 from binder.errors import describe
-from binder.mirror.read import KINDS, engine_settings
+from binder.mirror.read import engine_settings
 from binder.mirror.write import mirror_objects
-from binder.runtime import readmodel
+from binder.runtime import bind_requests, readmodel
 from binder.runtime.answers import ANSWERS, AnswerListener, listening
+from binder.runtime.flight import SingleFlight
 from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
 from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
@@ -79,7 +77,8 @@ def answered_view(view: MirrorView, names: Iterable[str], rows: Iterable[Device]
     the class the set is held as (its raw resource and tolerations). ``rows`` are the set's
     devices as the answer read found them (whole rows, converted as the mirror converts
     them): that read began after the answer pass committed, and everything else the view
-    holds was committed before the call arrived, which is all a decision needs (SPEC §5).
+    holds was committed before the call arrived, which is all a decision needs (a decision
+    reads what was committed before the call, never less).
     A node the view does not hold comes from the read model as it stands (it followed at
     least once since the call arrived). When a class or node is not there, or without
     ``rows``, the namespace is read again from a follow that starts now.
@@ -162,109 +161,15 @@ def _write(
     when the set changed under the check."""
     if joined is not None:
         return joined
+    selector = review.scheduling.node_selector
     if not cluster:
-        found = _write_or_join(review, names, request_id, wait)
+        found = bind_requests.write_or_join(review.namespace, review.name, names, request_id, selector, wait)
         if found is None:
             raise _SetChanged
         return found
-    if _write_requests(review, names, request_id) != len(names):
+    if bind_requests.write_requests(review.namespace, review.name, names, request_id, selector) != len(names):
         raise _SetChanged
     return request_id
-
-
-def _device_table() -> tuple[str, str]:
-    return models.GpuDevice._meta.db_table, models.Namespace._meta.db_table
-
-
-def inflight_request(review: Review, names: tuple[str, ...], wait: float) -> str | None:
-    """The set's bind request still waiting for its answer, if one was written within the
-    last ``wait`` seconds (an older unanswered one belongs to a call that gave up: replace it)."""
-    devices, namespaces = _device_table()
-    marks = ", ".join(["%s"] * len(names))
-    with connection.cursor() as cursor:
-        # One fixed statement (the ORM compiled a join for it on every call).
-        cursor.execute(
-            f"SELECT d.bind_request, d.answered_request, d.bind_requested_at FROM {devices} d"  # noqa: S608
-            f" JOIN {namespaces} n ON n.id = d.namespace_id"
-            f" WHERE n.name = %s AND d.vm_name = %s AND d.name IN ({marks})",
-            [review.namespace, review.name, *names],
-        )
-        rows = [(request, answered, _aware(at)) for request, answered, at in cursor.fetchall()]
-    if len(rows) != len(names):
-        return None
-    requests = {request for request, _, _ in rows}
-    (request,) = requests if len(requests) == 1 else ("",)
-    fresh_after = timezone.now() - timedelta(seconds=wait)
-    if not request or any(answered == request or at is None or at < fresh_after for _, answered, at in rows):
-        return None
-    return request
-
-
-def _aware(value: Any) -> datetime | None:
-    """A timestamp column read with a raw cursor, as the ORM would give it (aware, UTC)."""
-    if value is None:
-        return None
-    if isinstance(value, str):  # SQLite returns text
-        value = datetime.fromisoformat(value)
-    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
-
-
-def _write_requests(review: Review, names: tuple[str, ...], request_id: str, wait: float | None = None) -> int:
-    """Write ``request_id`` (and the VMI's nodeSelector) on the set's devices; the rows written.
-
-    All or none: one statement, written only when every named device is still the VM's
-    (else 0 rows, and the call is told its set changed). One statement needs no
-    transaction of its own: a BEGIN and a COMMIT were two more round trips per call,
-    each waiting for a core under load. With ``wait``, also nothing when the set has a
-    request in flight by :func:`inflight_request`'s rule (its statement, folded in: the
-    caller then joins that request), so the common case, no request in flight, is one
-    round trip."""
-    devices, namespaces = _device_table()
-    field = models.GpuDevice._meta.get_field("bind_node_selector")
-    selector = field.get_db_prep_value(dict(review.scheduling.node_selector), connection)
-    now = timezone.now()
-    marks = ", ".join(["%s"] * len(names))
-    where = (
-        f"namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"  # noqa: S608
-        f" AND vm_name = %s AND name IN ({marks})"
-    )
-    owner = [review.namespace, review.name, *names]
-    check = "count(*) = %s"
-    params: list[Any] = [len(names)]
-    if wait is not None:
-        # Not in flight: a device without a request, or answered, or written before the
-        # wait began, or the set's devices carry different requests.
-        check += (
-            " AND (count(DISTINCT bind_request) <> 1 OR min(bind_request) = ''"
-            " OR sum(CASE WHEN answered_request = bind_request OR bind_requested_at IS NULL"
-            " OR bind_requested_at < %s THEN 1 ELSE 0 END) > 0)"
-        )
-        params.append(connection.ops.adapt_datetimefield_value(now - timedelta(seconds=wait)))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {devices} SET bind_request = %s, bind_requested_at = %s, bind_node_selector = %s"  # noqa: S608
-            f" WHERE {where} AND (SELECT CASE WHEN {check} THEN 1 ELSE 0 END FROM {devices} WHERE {where}) = 1",
-            [request_id, connection.ops.adapt_datetimefield_value(now), selector, *owner, *params, *owner],
-        )
-        return int(cursor.rowcount)
-
-
-#: Tries at writing a new request or joining the one in flight before a set is taken as changed.
-WRITE_TRIES = 3
-
-
-def _write_or_join(review: Review, names: tuple[str, ...], request_id: str, wait: float) -> str | None:
-    """Standalone mode: ``request_id`` written on every device of the set, or the request
-    in flight there to join (returned; ``request_id`` when ours was written); None when
-    the set changed under the check. A request in flight answered between the two
-    statements makes the write go through on the next try."""
-    for _ in range(WRITE_TRIES):
-        if _write_requests(review, names, request_id, wait) == len(names):
-            return request_id
-        joined = inflight_request(review, names, wait)
-        if joined is not None:
-            return joined
-    return None
 
 
 def wait_budget(timeout: str | None) -> float:
@@ -314,8 +219,8 @@ def _bind(review: Review, view: MirrorView, names: tuple[str, ...], deadline: fl
     """:func:`bind_and_wait` once the call holds a place among the waiting ones."""
     cluster = apiserver.cluster_mode()
     # Cluster mode asks first (a request in flight needs no annotation); standalone, the
-    # write itself finds a request in flight (:func:`_write_or_join`).
-    joined = inflight_request(review, names, wait) if cluster else None
+    # write itself finds a request in flight (``bind_requests.write_or_join``).
+    joined = bind_requests.inflight_request(review.namespace, review.name, names, wait) if cluster else None
     request_id = joined or uuid.uuid4().hex
     listener = listening()
     # Noted before the requests are written: a notification after this moves it.
@@ -391,7 +296,7 @@ def _wait(
             return conclude(review, answered_view(view, answered, answers.rows), answers)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return database_unavailable(review, lost) if lost is not None else timed_out(review, wait)
+            return database_lost(review, lost) if lost is not None else timed_out(review, wait)
         if listener is not None:
             seen = woken = listener.wait(seen, min(remaining, RECHECK_SECONDS))
         else:
@@ -443,7 +348,9 @@ def _close_connection() -> None:
             connection.close()
 
 
-def database_unavailable(review: Review, exc: BaseException) -> Verdict:
+def database_lost(review: Review, exc: BaseException) -> Verdict:
+    """The database failed under this call: log it, drop the broken connection, and deny
+    (the denial itself is ``admission.database_unavailable``)."""
     log.warning("VMI %s/%s denied: database unavailable: %s", review.namespace, review.name, describe(exc))
     _close_connection()
     return admission.database_unavailable(review)
@@ -471,36 +378,30 @@ class AnswerReads:
     """
 
     def __init__(self) -> None:
-        self._flight = threading.Condition()
+        self._flight: SingleFlight[_AnswerRead] = SingleFlight()
         #: token -> (namespace, device names) of each registered call.
         self._waiting: dict[int, tuple[str, tuple[str, ...]]] = {}
         self._tokens = itertools.count(1)
         self._mine = threading.local()
         self._calls = 0
-        self._running = False
-        self._started = 0
-        self._finished = 0
-        self._epoch = -1
-        self._included: frozenset[int] = frozenset()
-        self._rows: dict[tuple[str, str], Row] = {}
 
     def enter(self, limit: int) -> bool:
         """Count one more call waiting for the binder, unless ``limit`` (0: none) are already."""
-        with self._flight:
+        with self._flight.lock:
             if limit and self._calls >= limit:
                 return False
             self._calls += 1
             return True
 
     def leave(self) -> None:
-        with self._flight:
+        with self._flight.lock:
             self._calls -= 1
 
     @contextlib.contextmanager
     def waiting(self, namespace: str, names: tuple[str, ...]) -> Iterator[None]:
         """Include these devices in every read while the block runs (this thread's call)."""
         token = next(self._tokens)
-        with self._flight:
+        with self._flight.lock:
             self._waiting[token] = (namespace, names)
         outer = getattr(self._mine, "call", None)
         self._mine.call = (token, namespace, names)
@@ -508,7 +409,7 @@ class AnswerReads:
             yield
         finally:
             self._mine.call = outer
-            with self._flight:
+            with self._flight.lock:
                 del self._waiting[token]
 
     def rows(self, namespace: str, names: tuple[str, ...], woken: int | None = None) -> dict[str, Row]:
@@ -519,57 +420,31 @@ class AnswerReads:
             with self.waiting(namespace, names):
                 return self.rows(namespace, names, woken)
         token = call[0]
-        with self._flight:
-            arrived = self._started
-            while True:
-                if token in self._included and (
-                    self._finished > arrived or (woken is not None and self._epoch >= woken)
-                ):
-                    return self._pick(namespace, names)
-                if not self._running:
-                    break
-                self._flight.wait()
-            self._running = True
-            self._started += 1
-            mine = self._started
+
+        def served(read: _AnswerRead, fresh: bool) -> bool:
+            return token in read.included and (fresh or (woken is not None and read.epoch >= woken))
+
+        def begin() -> Callable[[], _AnswerRead]:
             wanted = dict(self._waiting)
-        ok = False
-        try:
-            listener = ANSWERS if ANSWERS.listening.is_set() else None
-            epoch = listener.count if listener is not None else -1
-            found = _read_rows(wanted.values())
-            ok = True
-        finally:
-            with self._flight:
-                self._running = False
-                if ok:
-                    self._finished, self._epoch = mine, epoch
-                    self._included, self._rows = frozenset(wanted), found
-                self._flight.notify_all()
+
+            def read() -> _AnswerRead:
+                listener = ANSWERS if ANSWERS.listening.is_set() else None
+                epoch = listener.count if listener is not None else -1
+                return _AnswerRead(frozenset(wanted), epoch, bind_requests.read_rows(wanted.values()))
+
+            return read
+
+        found = self._flight.run(begin, served).rows
         return {name: found[(namespace, name)] for name in names if (namespace, name) in found}
 
-    def _pick(self, namespace: str, names: tuple[str, ...]) -> dict[str, Row]:
-        return {name: self._rows[(namespace, name)] for name in names if (namespace, name) in self._rows}
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _AnswerRead:
+    """One shared read: the calls it included, the listener's count before it, the rows."""
 
-def _read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, str], Row]:
-    """The rows of the devices of ``wanted`` ((namespace, names) pairs), one statement,
-    whole: a call whose answers are all in builds its patch from them with no other read."""
-    by_namespace: dict[str, set[str]] = {}
-    for namespace, names in wanted:
-        by_namespace.setdefault(namespace, set()).update(names)
-    if not by_namespace:
-        return {}
-    model, convert, fields = KINDS["GPU"]
-    which = Q()
-    for namespace in sorted(by_namespace):
-        which |= Q(namespace__name=namespace, name__in=sorted(by_namespace[namespace]))
-    found: dict[tuple[str, str], Row] = {}
-    for namespace, name, *values in (
-        model.objects.filter(which).order_by().values_list("namespace__name", "name", *fields)
-    ):
-        found[(namespace, name)] = convert(namespace, name, *values)
-    return found
+    included: frozenset[int]
+    epoch: int
+    rows: dict[tuple[str, str], Row]
 
 
 #: This process's shared answer reads.

@@ -16,8 +16,9 @@ from binder.engine.accounting import (
     tenant_usage,
 )
 from binder.engine.catalog import GpuOption, gpu_options
+from binder.engine.fit import budget_refusal
 from binder.engine.launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
-from binder.engine.placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, budget_refusal, full_pass
+from binder.engine.placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, full_pass
 from binder.engine.types import (
     Budget,
     Change,

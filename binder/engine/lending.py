@@ -6,7 +6,7 @@ running VM to get them back: it marks the borrowed sets a waiting set needs
 (``reclaim_for``) and releases each one only in a pass that sees its VM not running, by
 the launcher rule every consumer shares (:func:`binder.engine.launcher.launcher_of`,
 through the ledger's launcher pods). These are the pass's methods for it, on top of
-:class:`~binder.engine.choosing.ChoosingPass`; a cluster whose budgets name no borrowing
+:class:`~binder.engine.pass_choices.ChoosingPass`; a cluster whose budgets name no borrowing
 and whose devices hold nothing borrowed never reaches them, so its decisions are those of
 a pass without lending.
 """
@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 
 from binder.engine.accounting import SetKey, class_units
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed, spec_class
-from binder.engine.choosing import ChoosingPass
 from binder.engine.fit import borrow_terms, describe_overage, describe_units
+from binder.engine.pass_choices import ChoosingPass
 from binder.engine.pass_state import REASON_BOUND
 from binder.engine.types import Cluster, Device, Outcome, Phase
 

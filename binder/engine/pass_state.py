@@ -2,7 +2,8 @@
 
 :class:`PassState` holds the cluster as the pass found it and the ledger it moves sets
 in; the steps (``binder.engine.placement``) and the handling of sets that accept several
-classes (``binder.engine.choosing``) are built on it. Nothing here does I/O.
+classes (``binder.engine.pass_choices``) are built on it (the layers, and why they
+inherit: ``binder.engine.placement._Pass``). Nothing here does I/O.
 """
 
 from __future__ import annotations

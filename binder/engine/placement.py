@@ -27,19 +27,11 @@ from binder.engine.choices import (
     spec_class,
 )
 from binder.engine.fit import (
-    EligibleKey,
     NodeCache,
-    budget_refusal,
     describe_units,
-    is_settled,
-    refuses_new,
-    requested_selector,
-    requested_selector_mismatch,
-    selector_mismatch,
-    untolerated_taint,
 )
 from binder.engine.lending import LendingPass
-from binder.engine.pass_state import REASON_BOUND, PassState
+from binder.engine.pass_state import REASON_BOUND
 from binder.engine.types import (
     Cluster,
     Device,
@@ -48,25 +40,7 @@ from binder.engine.types import (
     Phase,
 )
 
-__all__ = [
-    "ANSWER_BOUND",
-    "ANSWER_REFUSED",
-    "REASON_BOUND",
-    "EligibleKey",
-    "NodeCache",
-    "PassState",
-    "answer_pass",
-    "budget_refusal",
-    "describe_units",
-    "full_pass",
-    "is_settled",
-    "refuses_new",
-    "requested_selector",
-    "requested_selector_mismatch",
-    "selector_mismatch",
-    "try_order",
-    "untolerated_taint",
-]
+__all__ = ["ANSWER_BOUND", "ANSWER_REFUSED", "answer_pass", "full_pass", "try_order", "waiting_resources"]
 
 #: Answer prefixes written to ``status.answer``; the webhook reads them.
 ANSWER_BOUND = "bound:"
@@ -153,7 +127,28 @@ def waiting_resources(cluster: Cluster, ledger: Ledger | None = None) -> set[str
 
 
 class _Pass(LendingPass):
-    """One pass: the steps, in order, over the working state."""
+    """One pass: the steps, in order, over the working state.
+
+    The one place that says how a pass is put together. It is one object built in four
+    layers, each a module of its own, each adding methods over the same state:
+
+    1. :class:`~binder.engine.pass_state.PassState` (``pass_state``): the cluster as read,
+       the ledger, choosing the fullest node, changing a set, the result;
+    2. :class:`~binder.engine.pass_choices.ChoosingPass` (``pass_choices``): placing a set
+       that accepts several classes (``place_choosing``, ``bind_choosing``);
+    3. :class:`~binder.engine.lending.LendingPass` (``lending``): borrowing beyond a
+       budget, repaying, reclaim marks and releases;
+    4. this class: the steps of a pass in order (restore, grow, move, rebind, bind,
+       answer) with ``grow``, ``gather`` and ``move_off_unfit_nodes``.
+
+    Why inheritance and not objects that hold each other: every layer reads and writes
+    the same working state (the devices, the ledger, the node cache, the notes) many times
+    per set, and the steps call down (``place_choosing``) as much as the lending rules call
+    back into placing (a reclaim moves a set the way a step does). Composed, each layer
+    would take the state and the others as arguments on every call, on the hottest path
+    of a pass. Reading ``grow``: its steps are here, placing is ``pass_choices``, the
+    ledger and node choice are ``pass_state``.
+    """
 
     # -- step 1: restore sets ------------------------------------------------------------
 

@@ -262,7 +262,7 @@ class Device:
         """This device with the fields a pass decides (``answered_request``, ``answer``,
         ``borrowed`` and ``reclaim_for`` kept unless given): what ``dataclasses.replace``
         gives, in half its time (a pass binding 10k orders copies some 50k records). Every other field is carried over;
-        ``tests/test_engine.py`` holds the two equal for every field."""
+        ``tests/engine/test_engine.py`` holds the two equal for every field."""
         return Device(
             self.namespace,
             self.name,

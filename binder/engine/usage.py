@@ -43,7 +43,7 @@ class RecordPhase(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class Holding:
+class UsageHolding:
     """One thing held now; an open record stands for exactly one holding.
 
     Two holdings are the same record only if every field is equal: a change of node,
@@ -80,7 +80,7 @@ class Holding:
 #: A holding's sort key: its fields in order, the order ``order=True`` defines, as one
 #: tuple built in C. Sorting a million holdings through the generated ``__lt__`` took
 #: 16M Python calls (a third of a worker's start from scratch at 1M devices).
-HOLDING_ORDER = attrgetter(*(f.name for f in fields(Holding) if f.compare))
+HOLDING_ORDER = attrgetter(*(f.name for f in fields(UsageHolding) if f.compare))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +89,13 @@ class OpenRecord:
     (None where the caller does not know: then no change is dated before the pass)."""
 
     id: int
-    holding: Holding
+    holding: UsageHolding
     start: datetime | None = None
 
 
 # A start from scratch at 1M devices builds a million of each (the open records read, the
 # holdings worked out): built through the quick constructor (binder.engine.types).
-quick_records(Holding, OpenRecord)
+quick_records(UsageHolding, OpenRecord)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class UsagePlan:
     """
 
     close: tuple[int, ...] = ()
-    open: tuple[Holding, ...] = ()
+    open: tuple[UsageHolding, ...] = ()
     ends: tuple[datetime | None, ...] = ()
 
     def __bool__(self) -> bool:
@@ -134,7 +134,7 @@ class Subjects:
     everything: bool = False
 
 
-def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) -> list[Holding]:
+def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) -> list[UsageHolding]:
     """Holdings of devices: every Bound or Lost device of an existing class.
 
     A device whose class does not exist holds no units (the binder releases it), so it
@@ -149,7 +149,7 @@ def device_holdings(devices: Iterable[Device], classes: Mapping[str, GpuClass]) 
             continue
         bound = device.phase is Phase.BOUND
         found.append(
-            Holding(
+            UsageHolding(
                 namespace=device.namespace,
                 subject_kind=SubjectKind.GPU,
                 subject=device.name,
@@ -177,7 +177,7 @@ def pod_holdings(
     devices: Iterable[Device],
     classes: Mapping[str, GpuClass],
     find_vmi: VmiLookup,
-) -> list[Holding]:
+) -> list[UsageHolding]:
     """Raw holdings of pods: per pod and resource, its raw usage for budgets when above 0.
 
     ``devices`` are the devices as they stand now (after the pass); ``find_vmi`` is the
@@ -201,7 +201,7 @@ def pod_holdings(
         usage = raw_usage_of(pod, find_vmi, find_set, classes)
         for resource, units in sorted(usage.budget.items()):
             found.append(
-                Holding(
+                UsageHolding(
                     namespace=pod.namespace,
                     subject_kind=SubjectKind.POD,
                     subject=pod.name,
@@ -221,7 +221,7 @@ def holdings(
     pods: Iterable[Pod],
     classes: Mapping[str, GpuClass],
     find_vmi: VmiLookup,
-) -> tuple[Holding, ...]:
+) -> tuple[UsageHolding, ...]:
     """Everything held now, sorted: devices' holdings and pods' raw holdings."""
     members = tuple(devices)
     return tuple(
@@ -231,7 +231,7 @@ def holdings(
 
 def reconcile_usage(
     open_records: Iterable[OpenRecord],
-    current: Iterable[Holding],
+    current: Iterable[UsageHolding],
     now: datetime | None = None,
     *,
     recorded_until: datetime | None = None,
@@ -268,7 +268,7 @@ def reconcile_usage(
     for record in closing:
         ended[_who(record.holding)].append(record)
     began: dict[tuple[str, str, str, str], datetime] = {}
-    dated: list[Holding] = []
+    dated: list[UsageHolding] = []
     for holding in opening:
         who = _who(holding)
         if who not in began:
@@ -297,7 +297,7 @@ Identity = tuple[str, str, str, str, str, str, int, str, str, str, bool]
 RecordRow = tuple[int, Hashable]
 
 
-def identity(holding: Holding) -> Identity:
+def identity(holding: UsageHolding) -> Identity:
     """``holding`` as its record's row stores it (see :data:`Identity`)."""
     return (
         holding.namespace,
@@ -314,10 +314,10 @@ def identity(holding: Holding) -> Identity:
     )
 
 
-def holding_of(row: Identity, since: datetime | None = None) -> Holding:
+def holding_of(row: Identity, since: datetime | None = None) -> UsageHolding:
     """The holding an open record's row stands for."""
     namespace, kind, subject, uid, key, resource, units, node, phase, vm, borrowed = row
-    return Holding(
+    return UsageHolding(
         namespace, SubjectKind(kind), subject, uid, key, resource, units, node, RecordPhase(phase), vm, since,
         bool(borrowed),
     )  # fmt: skip
@@ -328,11 +328,11 @@ def holding_of(row: Identity, since: datetime | None = None) -> Holding:
 IDENTITY_SEPARATOR = "\x1f"
 
 
-def identity_text(holding: Holding) -> str:
+def identity_text(holding: UsageHolding) -> str:
     """The holding's identity as one string: its fields as text joined by
     :data:`IDENTITY_SEPARATOR`.
 
-    The database builds the same text from a record's row (``usage.records``), so a full
+    The database builds the same text from a record's row (``binder.runtime.usage_records``), so a full
     reconciliation reads one string a record instead of ten and hashes one: reading and
     hashing a million rows of ten fresh strings each was most of what it cost.
     """
@@ -342,8 +342,8 @@ def identity_text(holding: Holding) -> str:
 
 
 def pair_off(
-    rows: Iterable[RecordRow], current: Iterable[Holding], key: Callable[[Holding], Hashable] = identity
-) -> tuple[list[int], list[Holding]]:
+    rows: Iterable[RecordRow], current: Iterable[UsageHolding], key: Callable[[UsageHolding], Hashable] = identity
+) -> tuple[list[int], list[UsageHolding]]:
     """The open records and current holdings left once every record still held is paired
     with its holding: what :func:`reconcile_usage` has to work on.
 
@@ -378,7 +378,7 @@ def pair_off(
             wanted[row] = count - 1
         else:
             left_ids.append(record_id)
-    left: list[Holding] = []
+    left: list[UsageHolding] = []
     if wanted.total():
         for holding, its_key in zip(held, keys, strict=True):
             if wanted[its_key]:
@@ -409,14 +409,14 @@ def change_time(
     return max([now, *(start for start in starts if start is not None)])
 
 
-def _since(h: Holding, since: datetime | None) -> Holding:
+def _since(h: UsageHolding, since: datetime | None) -> UsageHolding:
     """``h`` beginning at ``since`` (the quick constructor: see ``quick_records``)."""
-    return Holding(
+    return UsageHolding(
         h.namespace, h.subject_kind, h.subject, h.subject_uid, h.key, h.resource_name, h.units, h.node, h.phase,
         h.vm_name, since, h.borrowed,
     )  # fmt: skip
 
 
-def _who(holding: Holding) -> tuple[str, str, str, str]:
+def _who(holding: UsageHolding) -> tuple[str, str, str, str]:
     """The subject, whatever resource it holds: a change of class may change the resource."""
     return (holding.namespace, holding.subject_kind.value, holding.subject, holding.subject_uid)

@@ -33,13 +33,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Value
 
-from binder import models, queue
+from binder import models
 from binder.kube import client as kube_client
 from binder.kube.objects import ObjectError, Parsed, parse_object, text_problem
+from binder.queue import queue_auto_full_pass
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +149,6 @@ class Applied:
     @property
     def changed(self) -> bool:
         return bool(self.upserted or self.deleted)
-
-
-def queue_full_pass() -> None:
-    """Queue a full pass after commit (``GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS`` later,
-    so a burst of changes folds into one), unless passes are driven by hand (tests) or held."""
-    if queue.auto_pass():
-        # The delay folds later events into the pass through the broker's collapse key;
-        # in-process passes (no broker) have none and run at once.
-        folds = queue.collapse_client() is not None
-        queue.queue_full_pass(delay=settings.GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS if folds else 0.0)
 
 
 def object_key(kind: str, obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -292,7 +282,7 @@ def mirror_list(
             last_invalid=refused[-1].error[:2000] if refused else "",
         )
         if applied.changed and queue:
-            queue_full_pass()
+            queue_auto_full_pass()
     return applied
 
 
@@ -307,7 +297,7 @@ def mirror_event(kind: str, event_type: str, obj: Mapping[str, Any]) -> Applied:
                 models.FinalizerRelease.objects.filter(kind=kind, namespace=key[0], name=key[1]).delete()
             applied = Applied(deleted=int(bool(deleted)))
             if applied.changed:
-                queue_full_pass()
+                queue_auto_full_pass()
         return applied
     return mirror_objects(kind, [obj])
 
@@ -378,7 +368,7 @@ def mirror_objects(
         )
         # Only the version moved (a finalizer added, the binder's own write): nothing a pass reads.
         if queue and (deleted or any((p.namespace, p.name) not in same for p in writing)):
-            queue_full_pass()
+            queue_auto_full_pass()
     return applied
 
 

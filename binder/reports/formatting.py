@@ -1,10 +1,17 @@
-"""How staff pages write times, ages and durations: one format everywhere.
+"""How staff pages write times, ages, durations and a device's class: one format everywhere.
 
 Times are ISO 8601 with seconds and the zone's offset, in the site's time zone, exactly as
 the admin's own columns print them (``gpuplane.formats.en.formats.DATETIME_FORMAT``), so a
 time copied from one page finds its row on another. Ages and durations are rounded to
 what a person compares at a glance ("Lost 7 min", "13.5 ms"); the exact figures stay in the
 database, the API and ``/metrics``.
+
+A device's class, when its order accepts several classes: a device with alternatives is
+held as one of its choices while Bound or Lost, and booked as its first choice while
+Pending; the pages that list devices say which, beside every choice in order of preference
+("held as a10 (choices h100, a10)"), so staff can tell an order placed on its second choice
+from one placed as asked. A device without alternatives reads as it always did: its class
+alone.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.utils import formats, timezone
+
+from binder import models
 
 
 def iso(value: datetime | None) -> str:
@@ -63,3 +72,27 @@ def duration_ms(value: float | None) -> str:
 def duration_s(value: float | None) -> str:
     """A lag or an interval kept in seconds, rounded like :func:`duration_ms`."""
     return "" if value is None else duration_ms(value * 1000)
+
+
+def choices_words(device: models.GpuDevice) -> str:
+    """``held as a10 (choices h100, a10)`` while held, ``choices h100, a10`` while Pending;
+    "" for a device without alternatives (nothing new to say)."""
+    if not device.alternative_class_names:
+        return ""
+    choices = ", ".join([device.class_name, *device.alternative_class_names])
+    held = held_class(device)
+    return f"held as {held} (choices {choices})" if device.phase != models.Phase.PENDING else f"choices {choices}"
+
+
+def held_class(device: models.GpuDevice) -> str:
+    """The class the device is booked as: the held class while Bound or Lost (when the
+    binder has written one), else ``spec.className``."""
+    if device.phase != models.Phase.PENDING and device.status_class_name:
+        return device.status_class_name
+    return device.class_name
+
+
+def class_words(device: models.GpuDevice) -> str:
+    """A device's class column: the class alone without alternatives, else the held class
+    and every choice (:func:`choices_words`)."""
+    return choices_words(device) or device.class_name

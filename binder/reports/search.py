@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from binder import models
-from binder.reports.choices import class_words
+from binder.reports.formatting import class_words
 
 #: Hits per group on the results page.
 LIMIT = 25

@@ -27,8 +27,9 @@ but for the reader's own transaction, whose entries it saw (in a test, everythin
 one transaction): those are left to the position rule, as the ``xip`` list leaves them.
 (A transaction that had no id yet at the read takes positions above ``P``.) Pruning keeps
 the same entries for every live reader (:func:`prune_feed`). SQLite runs one writer at a
-time, so positions commit in order and ``position > P`` suffices. ``tests/test_feed.py`` proves the late commit with two
-connections, ``tests/test_freshness_late_commit.py`` the one above ``xmax``.
+time, so positions commit in order and ``position > P`` suffices.
+``tests/runtime/test_feed.py`` proves the late commit with two connections,
+``tests/runtime/test_freshness_late_commit.py`` the one above ``xmax``.
 
 **Gaps** (the reader must rebuild): the feed went backwards (its highest position is
 below ours), the entry at our mark is gone or another (the feed was reset, or pruned past

@@ -30,7 +30,7 @@ from typing import Any
 from binder import models
 from binder.engine import Ledger
 from binder.engine import types as e
-from binder.engine.placement import NodeCache
+from binder.engine.fit import NodeCache
 from binder.mirror.read import KINDS, fetch_ids, read_rows
 from binder.runtime.feed import FeedCursor, FeedGap, FeedRead, OwnWrites
 

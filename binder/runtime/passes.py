@@ -32,18 +32,19 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from binder import apiserver, models
-from binder.engine import ANSWER_BOUND, PassResult, answer_pass, full_pass
+from binder.engine import PassResult, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.usage import Subjects
 from binder.mirror.read import engine_settings
 from binder.runtime import checkpoint, cluster
 from binder.runtime.answers import notify_answers
+from binder.runtime.bind_requests import ANSWER_COLUMNS, record_answers
 from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState, StatusWritten
+from binder.runtime.usage_records import record_usage
 from binder.runtime.verify import compare_records, compare_results
-from usage.records import record_usage
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ DEVICE_WRITES_TABLE = (
     " reason text, answered_request varchar, answer text, held_as varchar, borrowed boolean, reclaim_for varchar)"
     " ON COMMIT DROP"
 )
-#: The fields a pass may write on a device.
-PLACEMENT_FIELDS = ("phase", "node", "since", "reason", "answered_request", "answer", "status_class_name", "borrowed",
-                    "reclaim_for")  # fmt: skip
+#: The fields a pass may write on a device: its placement and its answer to a bind request
+#: (``bind_requests.ANSWER_COLUMNS``), never a column of the request itself (``REQUEST_COLUMNS``).
+PLACEMENT_FIELDS = ("phase", "node", "since", "reason", *ANSWER_COLUMNS, "status_class_name", "borrowed", "reclaim_for")
 
 ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,
@@ -363,7 +364,7 @@ def write_result(
         models.GpuClass.objects.filter(name=name).exclude(
             status_allocatable=status.allocatable, status_bound=status.bound, status_lost=status.lost
         ).update(status_allocatable=status.allocatable, status_bound=status.bound, status_lost=status.lost)
-    _record_answers(run, result, ids)
+    record_answers(run, result, ids)
     run.devices_written = len(changed)
     for outcome in e.Outcome:
         setattr(run, outcome.value, result.counts.get(outcome.value, 0))
@@ -595,63 +596,3 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
             borrowed = result.budget_borrowed.get((budget.namespace.name, budget.name))
             if borrowed is not None and budget.borrowed != dict(borrowed):
                 models.GpuBudget.objects.filter(pk=budget.pk).update(borrowed=dict(borrowed))
-
-
-def _record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int]) -> None:
-    """One BindAnswer per request this pass answered, with its latency when known."""
-    keys = set(result.answered)
-    answered = [d for d in result.devices if d.key in keys and d.key in ids]
-    if not answered:
-        return
-    if connection.vendor == "postgresql":
-        _record_answers_postgresql(run, answered, ids)
-        return
-    requested = dict(
-        models.GpuDevice.objects.filter(id__in=[ids[d.key] for d in answered]).values_list("id", "bind_requested_at")
-    )
-    now = timezone.now()
-    rows = []
-    for device in answered:
-        at = requested.get(ids[device.key])
-        rows.append(
-            models.BindAnswer(
-                pass_run=run,
-                namespace=device.namespace,
-                device_name=device.name,
-                request=device.answered_request,
-                allowed=device.answer.startswith(ANSWER_BOUND),
-                answer=device.answer,
-                requested_at=at,
-                answered_at=now,
-                latency_ms=(now - at).total_seconds() * 1000 if at else None,
-            )
-        )
-    models.BindAnswer.objects.bulk_create(rows, batch_size=1000)
-
-
-def _record_answers_postgresql(run: models.PassRun, answered: list[e.Device], ids: dict[tuple[str, str], int]) -> None:
-    """:func:`_record_answers` in one statement: the request times are joined from the
-    device rows by the INSERT itself (an answer pass is a dozen round trips; this was two)."""
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        binary = psycopg.Cursor(cursor.cursor.connection)
-        binary.execute(
-            "INSERT INTO binder_bindanswer (pass_run_id, namespace, device_name, request, allowed, answer,"
-            " requested_at, answered_at, latency_ms)"
-            " SELECT %b, v.ns, v.name, v.request, v.allowed, v.answer, d.bind_requested_at, %b,"
-            " extract(epoch FROM %b - d.bind_requested_at)::float8 * 1000"
-            " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::boolean[], %b::text[]) WITH ORDINALITY"
-            " AS v(id, ns, name, request, allowed, answer, n)"
-            " LEFT JOIN binder_gpudevice AS d ON d.id = v.id ORDER BY v.n",
-            [
-                run.pk,
-                now,
-                now,
-                [ids[d.key] for d in answered],
-                [d.namespace for d in answered],
-                [d.name for d in answered],
-                [d.answered_request for d in answered],
-                [d.answer.startswith(ANSWER_BOUND) for d in answered],
-                [d.answer for d in answered],
-            ],
-        )

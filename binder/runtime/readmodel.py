@@ -67,6 +67,7 @@ from binder.engine import Ledger, Node, ledger_for
 from binder.engine import types as e
 from binder.mirror.read import engine_settings
 from binder.runtime.feed import OwnWrites
+from binder.runtime.flight import SingleFlight
 from binder.runtime.mirror_state import Catchup, MirrorState
 from binder.runtime.verify import compare_records
 
@@ -111,10 +112,7 @@ class ReadModel(MirrorState):
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or f"readmodel:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
-        self._flight = threading.Condition()
-        self._started = 0
-        self._finished = 0
-        self._running = False
+        self._flight: SingleFlight[None] = SingleFlight()
         self._reader_written = -READER_EVERY_SECONDS
         self._verifier: threading.Thread | None = None
         #: Set once the model has been built (``/readyz``).
@@ -182,27 +180,7 @@ class ReadModel(MirrorState):
         a follow another call ran and that failed proves nothing, so this call then runs
         its own.
         """
-        with self._flight:
-            arrived = self._started
-            while self._finished <= arrived:
-                if not self._running:
-                    self._running = True
-                    self._started += 1
-                    mine = self._started
-                    break
-                self._flight.wait()
-            else:
-                return
-        ok = False
-        try:
-            self._follow_now()
-            ok = True
-        finally:
-            with self._flight:
-                self._running = False
-                if ok:
-                    self._finished = mine
-                self._flight.notify_all()
+        self._flight.run(lambda: self._follow_now)
 
     def _follow_now(self) -> None:
         with self.lock:

@@ -42,7 +42,7 @@ from django.db.models.functions import Now
 from binder import models
 from binder.engine import PassResult
 from binder.engine import types as e
-from binder.engine.placement import is_settled
+from binder.engine.fit import is_settled
 from binder.engine.usage import Subjects
 from binder.runtime.feed import OwnWrites, prune_feed
 from binder.runtime.mirror_state import Catchup, MirrorState, SetKey

@@ -1,13 +1,13 @@
 """``{% load device_tags %}``: how a device's class reads on the staff pages that list
 devices (the set's decision log, the node page, the Lost sets view, the device page),
-worded once in ``binder.reports.choices``."""
+worded once in ``binder.reports.formatting``."""
 
 from __future__ import annotations
 
 from django import template
 
 from binder import models
-from binder.reports.choices import choices_words, class_words
+from binder.reports.formatting import choices_words, class_words
 
 register = template.Library()
 

@@ -109,7 +109,7 @@ class FaultWebhook:
         resource = request.get("resource", {})
         kind = Kind(resource.get("resource", ""), resource.get("group", ""))
         # Admission sees a PATCH as an UPDATE (with UpdateOptions); gpuplane never PUTs
-        # (tests/test_deploy.py checks the client makes only GETs and PATCHes), so an UPDATE
+        # (tests/project/test_deploy.py checks the client makes only GETs and PATCHes), so an UPDATE
         # is told to the decider by the RBAC verb it needed: patch.
         verb = {"CREATE": "create", "DELETE": "delete"}.get(request.get("operation", ""), "patch")
         name = request.get("name", "") or (request.get("object") or {}).get("metadata", {}).get("name", "")

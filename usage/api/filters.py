@@ -11,8 +11,9 @@ from django_filters import rest_framework as filters
 from django_filters.fields import ChoiceField as FilterChoiceField
 
 from binder import models as binder_models
+from binder.models import RecordPhase, SubjectKind
 from usage.api.fields import UtcIsoDateTimeFilter
-from usage.models import RecordPhase, SubjectKind, UsageRecord
+from usage.models import UsageRecord
 
 # -- filters --------------------------------------------------------------------------------
 

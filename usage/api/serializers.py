@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from binder import models as binder_models
-from binder.reports.choices import held_class
+from binder.reports.formatting import held_class
 from usage.models import UsageRecord
 
 # -- serializers ----------------------------------------------------------------------------

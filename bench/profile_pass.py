@@ -36,11 +36,21 @@ def main() -> None:
     parser.add_argument("--kind", choices=("full", "answer"), default="full")
     parser.add_argument("--warm", type=int, default=4, help="passes binding 3 sets before the profiled ones")
     parser.add_argument("--orders", type=int, default=0, help="profile one pass binding this many new orders instead")
+    parser.add_argument(
+        "--lending-share",
+        type=float,
+        default=0.0,
+        help="this share of tenants borrowing first, as cluster_bench.py --lending-share sets them up (0: none)",
+    )
+    parser.add_argument("--steady", type=int, default=0, help="also profile this many steady passes (nothing changed)")
     args = parser.parse_args()
     setup_django(args.database_url, migrate=True)
+    from cluster_bench import lend
+
     from binder.runtime.passes import run_pass
 
     delete_bench_sets()
+    print(f"lending: {lend(args.lending_share, 1)}")
     clock = time.perf_counter()
     cold = run_pass("full")
     print(f"cold pass: {time.perf_counter() - clock:.2f} s ({cold.view}, {cold.rows_read} rows read)")
@@ -54,6 +64,13 @@ def main() -> None:
         run_pass("full")
     profile = cProfile.Profile()
     times = []
+    for _ in range(args.steady):
+        profile.enable()
+        clock = time.perf_counter()
+        run_pass("full")
+        elapsed = time.perf_counter() - clock
+        profile.disable()
+        print(f"steady pass: {elapsed * 1000:.1f} ms")
     if args.orders:
         from binder import models
 
@@ -85,6 +102,7 @@ def main() -> None:
         pstats.Stats(profile, stream=out).sort_stats(order).print_stats(args.top)
         print(out.getvalue())
     delete_bench_sets()
+    lend(0.0, 1)
     run_pass("full")
 
 

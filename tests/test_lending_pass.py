@@ -51,6 +51,7 @@ def same_as_a_rebuild(state: ClusterState) -> None:
             k: +c for k, c in getattr(theirs, counts).items() if +c
         }
     assert mine.borrowed_sets == theirs.borrowed_sets
+    assert mine.lending_index() == theirs.lending_index()  # by tenant, by resource and node
 
 
 def base() -> list[dict[str, Any]]:
@@ -136,6 +137,23 @@ def test_a_verification_finds_no_difference_with_borrowed_and_marked_sets(settin
     run = run_pass(models.PassKind.FULL, state)
     assert run.verify_mismatches == 0
     assert models.GpuDevice.objects.filter(reclaim_for="t2/waiting").count() == 4
+
+
+@pytest.mark.django_db
+def test_a_verification_compares_the_ledgers_kept_lending_indexes(settings: Any) -> None:
+    """Repay and reclaim read the borrowed sets from indexes the worker's ledger keeps
+    (by tenant, by resource and node): a kept index that drifted is a verification mismatch."""
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    ledger = state.ledger()
+    assert ledger.lent_of == {"t1": {("t1", "borrower")}}
+    assert ledger.lent_on == {A10: {"n1": {("t1", "borrower")}}}
+    ledger.lent_on.clear()  # drifted: reclaim would find nothing to mark
+    settings.GPUPLANE_VERIFY_SECONDS = 0
+    run = run_pass(models.PassKind.FULL, state)
+    assert run.verify_mismatches == 1
+    assert state.ledger().lent_on == {A10: {"n1": {("t1", "borrower")}}}  # continued from the rebuilt state
 
 
 @pytest.mark.django_db

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 
 #: Bump when the payload's shape changes (its keys, or what a key holds). 3: the ledger keeps
 #: its borrowed and marked sets (lending), instance attributes the layout below does not see.
-SCHEMA_VERSION = 3
+#: 4: it also keeps them by tenant and by resource and node, and repay's memo.
+SCHEMA_VERSION = 4
 #: The ``FeedReader`` row that keeps the newest checkpoint's feed entries from pruning.
 READER = "checkpoint"
 

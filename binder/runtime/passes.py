@@ -42,7 +42,7 @@ from binder.runtime.feed import OwnWrites, own_feed_position
 from binder.runtime.locking import pass_lock
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState, StatusWritten
-from binder.runtime.verify import compare_records, compare_results
+from binder.runtime.verify import compare_lending, compare_records, compare_results
 from usage.records import record_usage
 
 log = logging.getLogger(__name__)
@@ -298,6 +298,7 @@ def _verify(
     else:
         theirs = fresh_engine(scratch.cluster(now, options), scratch.ledger())
     problems = compare_records(state, scratch) + compare_results(mine, theirs)
+    problems += compare_lending(state.ledger(), scratch.ledger())
     for problem in problems:
         log.error("verification: %s", problem)
     if problems:

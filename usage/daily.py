@@ -100,12 +100,12 @@ def daily_gpu_hours(first: date, last: date, now: datetime, *, namespace: str = 
         for row in records.order_by().values("namespace", "key", "borrowed").annotate(**columns):
             for i, day in enumerate(days):
                 value: Any = row.get(f"d{i}")  # a float column the stubs cannot see
-                seconds = max(0.0, float(value or 0.0))
-                if seconds > 0:
+                held = max(0.0, float(value or 0.0))
+                if held > 0:
                     cell = (day, row["namespace"], row["key"])
-                    seconds_of[cell] += seconds
+                    seconds_of[cell] += held
                     if row["borrowed"]:
-                        lent_seconds[cell] += seconds
+                        lent_seconds[cell] += held
     cells = {c: h for c, s in seconds_of.items() if (h := round(s / SECONDS_PER_HOUR, DECIMALS)) > 0}
     lent = {c: h for c, s in lent_seconds.items() if (h := round(s / SECONDS_PER_HOUR, DECIMALS)) > 0 and c in cells}
     return DailyHours(first=first, last=last, cells=cells, borrowed=lent)

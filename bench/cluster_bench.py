@@ -196,8 +196,10 @@ def read_split() -> dict[str, float]:
 
 
 def child_pass(args: argparse.Namespace, kind: str) -> subprocess.Popen[str]:
-    """Start a fresh worker process that runs one pass and prints a JSON line."""
+    """Start a fresh worker process that runs one pass (``passes``: the lending run's steady
+    passes and passes after one changed set) and prints a JSON line."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", args.database_url, "--child", kind]
+    cmd += ["--runs", str(args.runs), "--seed", str(args.seed)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
 
 
@@ -206,6 +208,30 @@ def child_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     if proc.returncode:
         raise SystemExit(f"child pass failed ({proc.returncode})")
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run_passes_child(runs: int, seed: int) -> None:
+    """``--child passes``: in this fresh worker (from the checkpoint the parent saved, then
+    two passes to catch up), ``runs`` steady full passes, then ``runs`` passes each after one
+    new set; report each pass's wall and CPU time. A fresh process for each run of the lending
+    bench, so neither run inherits the other's process (its heap, its grown dicts)."""
+    rng = random.Random(seed + 3)
+    timed_pass("full")
+    timed_pass("full")
+    out: dict[str, list[float]] = {"steady": [], "steady_cpu": [], "one_set": [], "one_set_cpu": []}
+    for _ in range(runs):
+        cpu = time.process_time()
+        duration, _run = timed_pass("full")
+        out["steady_cpu"].append(time.process_time() - cpu)
+        out["steady"].append(duration)
+    namespaces = generous_tenants()
+    for i in range(runs):
+        insert_sets(f"order-one-{i:03d}", 1, rng, namespaces)
+        cpu = time.process_time()
+        duration, _run = timed_pass("full")
+        out["one_set_cpu"].append(time.process_time() - cpu)
+        out["one_set"].append(duration)
+    print(json.dumps(out))
 
 
 def run_child(kind: str) -> None:
@@ -290,12 +316,15 @@ def main() -> None:
         help="the lending run: steady pass, pass after 1 changed set and the --orders pass, without lending and "
         "then with this share of tenants borrowing, side by side (no other measure)",
     )
-    parser.add_argument("--child", choices=("full", "answer"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("full", "answer", "passes"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         setup_django(args.database_url, migrate=False)
-        run_child(args.child)
+        if args.child == "passes":
+            run_passes_child(args.runs, args.seed)
+        else:
+            run_child(args.child)
         return
     if args.raw_pods is None:
         args.raw_pods = max(1, args.nodes // 20)
@@ -396,8 +425,8 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
 
     out: dict[str, Any] = {}
     for label, share in (("without", 0.0), ("with", args.lending_share)):
-        rng = random.Random(args.seed + 3)
-        task = progress.add_task(f"lending {label}: prime, steady, 1 set, orders", total=3 + 2 * args.runs)
+        rng = random.Random(args.seed + 4)
+        task = progress.add_task(f"lending {label}: prime, steady and 1 set, orders", total=4)
         delete_bench_sets()
         row: dict[str, Any] = {"lent": lend(share, args.seed)}
         prime, run = timed_pass("full")
@@ -411,22 +440,9 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
         checkpoint.save(STATE, "lending bench")
         row["borrowed_devices"] = models.GpuDevice.objects.filter(borrowed=True).count()
         progress.advance(task)
-        row["steady"], row["steady_cpu"] = [], []
-        for _ in range(args.runs):
-            cpu = time.process_time()
-            duration, run = timed_pass("full")
-            row["steady_cpu"].append(time.process_time() - cpu)
-            row["steady"].append(duration)
-            progress.advance(task)
-        namespaces = generous_tenants()
-        row["one_set"], row["one_set_cpu"] = [], []
-        for i in range(args.runs):
-            insert_sets(f"order-one-{i:03d}", 1, rng, namespaces)
-            cpu = time.process_time()
-            duration, run = timed_pass("full")
-            row["one_set_cpu"].append(time.process_time() - cpu)
-            row["one_set"].append(duration)
-            progress.advance(task)
+        # Steady passes and passes after one changed set: a fresh worker from that checkpoint.
+        row.update(child_result(child_pass(args, "passes")))
+        progress.advance(task)
         everyone = list(models.Namespace.objects.values_list("id", flat=True))
         insert_sets("order", args.orders, rng, everyone)
         progress.advance(task)

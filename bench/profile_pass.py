@@ -43,6 +43,7 @@ def main() -> None:
         default=0.0,
         help="this share of tenants borrowing first, as cluster_bench.py --lending-share sets them up (0: none)",
     )
+    parser.add_argument("--cpu", action="store_true", help="profile CPU time (time.process_time), not wall time")
     parser.add_argument("--save", default="", help="also write the profile's stats to this file (pstats)")
     parser.add_argument("--steady", type=int, default=0, help="also profile this many steady passes (nothing changed)")
     args = parser.parse_args()
@@ -74,7 +75,7 @@ def _profile(args: argparse.Namespace, run_pass: Any) -> None:
         insert_sets(f"order-warm-{i:03d}", 3, rng, namespaces)
         run_pass("full")
         run_pass("full")
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.process_time) if args.cpu else cProfile.Profile()
     times = []
     for _ in range(args.steady):
         profile.enable()

@@ -232,6 +232,18 @@ def run_passes_child(runs: int, seed: int) -> None:
         out["one_set_cpu"].append(time.process_time() - cpu)
         out["one_set"].append(duration)
     print(json.dumps(out))
+    forget_reader()
+
+
+def forget_reader() -> None:
+    """A child worker that is done leaves the feed: else its reader row, until it is stale
+    (GPUPLANE_FEED_RETENTION_SECONDS), keeps every later feed entry from pruning, and the
+    next run's passes read the feed through them (the run with lending, after the run
+    without it, through the ~50k entries its lend() and prime pass wrote)."""
+    from binder import models
+    from binder.runtime.state import STATE
+
+    models.FeedReader.objects.filter(worker=STATE.worker).delete()
 
 
 def run_child(kind: str) -> None:
@@ -258,6 +270,7 @@ def run_child(kind: str) -> None:
             }
         )
     )
+    forget_reader()
 
 
 def answered(prefix: str) -> tuple[int, int]:

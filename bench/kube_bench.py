@@ -393,8 +393,8 @@ class Bench:
         return bound, unschedulable, len(items)
 
     def run_scheduler(self) -> None:
-        from tests.support.shapes import namespace_obj
         from tests.support.controlplane import tool
+        from tests.support.shapes import namespace_obj
 
         # The fleet, as the scheduler sees a cluster's running pods: one per node, bound there.
         self.plane.seed(namespace_obj("fleet"))

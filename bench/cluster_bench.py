@@ -196,8 +196,10 @@ def read_split() -> dict[str, float]:
 
 
 def child_pass(args: argparse.Namespace, kind: str) -> subprocess.Popen[str]:
-    """Start a fresh worker process that runs one pass and prints a JSON line."""
+    """Start a fresh worker process that runs one pass (``passes``: the lending run's steady
+    passes and passes after one changed set) and prints a JSON line."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", args.database_url, "--child", kind]
+    cmd += ["--runs", str(args.runs), "--seed", str(args.seed)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
 
 
@@ -208,15 +210,54 @@ def child_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def run_passes_child(runs: int, seed: int) -> None:
+    """``--child passes``: in this fresh worker (from the checkpoint the parent saved, then
+    two passes to catch up), ``runs`` steady full passes, then ``runs`` passes each after one
+    new set; report each pass's wall and CPU time. A fresh process for each run of the lending
+    bench, so neither run inherits the other's process (its heap, its grown dicts)."""
+    rng = random.Random(seed + 3)
+    timed_pass("full")
+    timed_pass("full")
+    out: dict[str, list[float]] = {"steady": [], "steady_cpu": [], "one_set": [], "one_set_cpu": []}
+    for _ in range(runs):
+        cpu = time.process_time()
+        duration, _run = timed_pass("full")
+        out["steady_cpu"].append(time.process_time() - cpu)
+        out["steady"].append(duration)
+    namespaces = generous_tenants()
+    for i in range(runs):
+        insert_sets(f"order-one-{i:03d}", 1, rng, namespaces)
+        cpu = time.process_time()
+        duration, _run = timed_pass("full")
+        out["one_set_cpu"].append(time.process_time() - cpu)
+        out["one_set"].append(duration)
+    print(json.dumps(out))
+    forget_reader()
+
+
+def forget_reader() -> None:
+    """A child worker that is done leaves the feed: else its reader row, until it is stale
+    (GPUPLANE_FEED_RETENTION_SECONDS), keeps every later feed entry from pruning, and the
+    next run's passes read the feed through them (the run with lending, after the run
+    without it, through the ~50k entries its lend() and prime pass wrote)."""
+    from binder import models
+    from binder.runtime.state import STATE
+
+    models.FeedReader.objects.filter(worker=STATE.worker).delete()
+
+
 def run_child(kind: str) -> None:
     """``--child KIND``: one pass in this fresh process; report time, counts and peak RSS."""
     started = time.time()
+    cpu = time.process_time()
     duration, run = timed_pass(kind)
+    cpu = time.process_time() - cpu
     print(
         json.dumps(
             {
                 "started": started,
                 "duration": duration,
+                "cpu": cpu,
                 "bound": run.bound,
                 "refused": run.refused,
                 "moved": run.moved,
@@ -229,6 +270,7 @@ def run_child(kind: str) -> None:
             }
         )
     )
+    forget_reader()
 
 
 def answered(prefix: str) -> tuple[int, int]:
@@ -287,12 +329,15 @@ def main() -> None:
         help="the lending run: steady pass, pass after 1 changed set and the --orders pass, without lending and "
         "then with this share of tenants borrowing, side by side (no other measure)",
     )
-    parser.add_argument("--child", choices=("full", "answer"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("full", "answer", "passes"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         setup_django(args.database_url, migrate=False)
-        run_child(args.child)
+        if args.child == "passes":
+            run_passes_child(args.runs, args.seed)
+        else:
+            run_child(args.child)
         return
     if args.raw_pods is None:
         args.raw_pods = max(1, args.nodes // 20)
@@ -393,30 +438,24 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
 
     out: dict[str, Any] = {}
     for label, share in (("without", 0.0), ("with", args.lending_share)):
-        rng = random.Random(args.seed + 3)
-        task = progress.add_task(f"lending {label}: prime, steady, 1 set, orders", total=3 + 2 * args.runs)
+        rng = random.Random(args.seed + 4)
+        task = progress.add_task(f"lending {label}: prime, steady and 1 set, orders", total=4)
         delete_bench_sets()
         row: dict[str, Any] = {"lent": lend(share, args.seed)}
         prime, run = timed_pass("full")
         row["prime"] = {"duration": prime, "written": run.devices_written}
         timed_pass("full")  # the prime pass's own writes, re-read
+        # lend() and the prime pass rewrote ~50k rows with lending (none without): vacuumed as
+        # production's autovacuum would, so both runs start from tables alike (untimed).
+        row["vacuum_s"] = vacuum_analyze(args.database_url)
         # A checkpoint of this state, as a worker saves after a rebuild: the fresh worker of the
         # orders pass then replays only the orders, not the budget and borrowed-flag changes.
         checkpoint.save(STATE, "lending bench")
         row["borrowed_devices"] = models.GpuDevice.objects.filter(borrowed=True).count()
         progress.advance(task)
-        row["steady"] = []
-        for _ in range(args.runs):
-            duration, run = timed_pass("full")
-            row["steady"].append(duration)
-            progress.advance(task)
-        namespaces = generous_tenants()
-        row["one_set"] = []
-        for i in range(args.runs):
-            insert_sets(f"order-one-{i:03d}", 1, rng, namespaces)
-            duration, run = timed_pass("full")
-            row["one_set"].append(duration)
-            progress.advance(task)
+        # Steady passes and passes after one changed set: a fresh worker from that checkpoint.
+        row.update(child_result(child_pass(args, "passes")))
+        progress.advance(task)
         everyone = list(models.Namespace.objects.values_list("id", flat=True))
         insert_sets("order", args.orders, rng, everyone)
         progress.advance(task)
@@ -454,6 +493,22 @@ def report_lending(args: argparse.Namespace, f: dict[str, Any]) -> None:
     )
     print("|---|---:|---:|---:|")
     for name, a, b, unit in rows:
+        digits = 2 if unit == "s" else 1
+        print(f"| {name} | {a:.{digits}f} {unit} | {b:.{digits}f} {unit} | {b / a:.2f}x |")
+    # The worker's own CPU time (time.process_time: PostgreSQL's share left out), steadier than
+    # wall time on a machine other work keeps busy; the same medians, the same passes.
+    cpu_rows = [
+        (f"steady full pass, median of {len(without['steady'])}", statistics.median(without["steady_cpu"]) * ms,
+         statistics.median(lent["steady_cpu"]) * ms, "ms"),
+        (f"pass after 1 changed set, median of {len(without['one_set'])}",
+         statistics.median(without["one_set_cpu"]) * ms, statistics.median(lent["one_set_cpu"]) * ms, "ms"),
+        (f"{args.orders:,} new orders in one pass (fresh worker)", without["orders"]["cpu"], lent["orders"]["cpu"],
+         "s"),
+    ]  # fmt: skip
+    print("\nThe worker's CPU time in the same passes (PostgreSQL's left out):\n")
+    print("| measure (worker CPU) | without lending | with lending | ratio |")
+    print("|---|---:|---:|---:|")
+    for name, a, b, unit in cpu_rows:
         digits = 2 if unit == "s" else 1
         print(f"| {name} | {a:.{digits}f} {unit} | {b:.{digits}f} {unit} | {b / a:.2f}x |")
     print(

@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from common import DEFAULT_URL, setup_django
 from synth import delete_bench_sets, generous_tenants, insert_sets
@@ -36,11 +37,33 @@ def main() -> None:
     parser.add_argument("--kind", choices=("full", "answer"), default="full")
     parser.add_argument("--warm", type=int, default=4, help="passes binding 3 sets before the profiled ones")
     parser.add_argument("--orders", type=int, default=0, help="profile one pass binding this many new orders instead")
+    parser.add_argument(
+        "--lending-share",
+        type=float,
+        default=0.0,
+        help="this share of tenants borrowing first, as cluster_bench.py --lending-share sets them up (0: none)",
+    )
+    parser.add_argument("--cpu", action="store_true", help="profile CPU time (time.process_time), not wall time")
+    parser.add_argument("--save", default="", help="also write the profile's stats to this file (pstats)")
+    parser.add_argument("--steady", type=int, default=0, help="also profile this many steady passes (nothing changed)")
     args = parser.parse_args()
     setup_django(args.database_url, migrate=True)
+    from cluster_bench import lend
+
     from binder.runtime.passes import run_pass
 
     delete_bench_sets()
+    print(f"lending: {lend(args.lending_share, 1)}")
+    try:
+        _profile(args, run_pass)
+    finally:
+        # Always: the budgets lend() changed are known to this process only.
+        delete_bench_sets()
+        lend(0.0, 1)
+        run_pass("full")
+
+
+def _profile(args: argparse.Namespace, run_pass: Any) -> None:
     clock = time.perf_counter()
     cold = run_pass("full")
     print(f"cold pass: {time.perf_counter() - clock:.2f} s ({cold.view}, {cold.rows_read} rows read)")
@@ -52,8 +75,15 @@ def main() -> None:
         insert_sets(f"order-warm-{i:03d}", 3, rng, namespaces)
         run_pass("full")
         run_pass("full")
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.process_time) if args.cpu else cProfile.Profile()
     times = []
+    for _ in range(args.steady):
+        profile.enable()
+        clock = time.perf_counter()
+        run_pass("full")
+        elapsed = time.perf_counter() - clock
+        profile.disable()
+        print(f"steady pass: {elapsed * 1000:.1f} ms")
     if args.orders:
         from binder import models
 
@@ -80,12 +110,12 @@ def main() -> None:
         run_pass("full")
         after = time.perf_counter() - clock
         print(f"pass after 1 changed set: {times[-1] * 1000:.1f} ms, the next: {after * 1000:.1f} ms")
+    if args.save:
+        profile.dump_stats(args.save)
     for order in ("cumulative", "tottime"):
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats(order).print_stats(args.top)
         print(out.getvalue())
-    delete_bench_sets()
-    run_pass("full")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ usage; every record counts once, so a day's total counts every GPU once.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -41,6 +41,9 @@ class DailyHours:
     last: date
     cells: dict[tuple[date, str, str], float]
     """(day, namespace, key) -> GPU-hours, rounded; zero cells left out."""
+    borrowed: dict[tuple[date, str, str], float] = field(default_factory=dict)
+    """The share of those held by borrowed sets (lending; records with ``borrowed``), by the
+    same cells, rounded alike; cells with none left out."""
 
     @property
     def days(self) -> list[date]:
@@ -53,9 +56,10 @@ class DailyHours:
             out[tenant if what == "tenant" else key][day] += hours
         return {s: {d: round(h, DECIMALS) for d, h in sorted(days.items())} for s, days in sorted(out.items())}
 
-    def rows(self) -> list[tuple[date, str, str, float]]:
-        """The CSV rows: day, tenant, key, GPU-hours, sorted."""
-        return [(d, ns, k, h) for (d, ns, k), h in sorted(self.cells.items())]
+    def rows(self) -> list[tuple[date, str, str, float, float]]:
+        """The CSV rows: day, tenant, key, GPU-hours, of them borrowed GPU-hours; sorted."""
+        lent = self.borrowed
+        return [(d, ns, k, h, lent.get((d, ns, k), 0.0)) for (d, ns, k), h in sorted(self.cells.items())]
 
     @property
     def total(self) -> float:
@@ -89,15 +93,22 @@ def daily_gpu_hours(first: date, last: date, now: datetime, *, namespace: str = 
         overlap = Seconds(Least(held_until(now), Value(upper)), Greatest(F("start"), Value(lower)))
         seconds = ExpressionWrapper(F("units") * Greatest(overlap, Value(0.0)), output_field=FloatField())
         columns[f"d{i}"] = Sum(seconds, output_field=FloatField())
-    cells: dict[tuple[date, str, str], float] = {}
+    seconds_of: dict[tuple[date, str, str], float] = defaultdict(float)
+    lent_seconds: dict[tuple[date, str, str], float] = defaultdict(float)
     if columns:
-        for row in records.order_by().values("namespace", "key").annotate(**columns):
+        # Borrowed records apart (lending): one row per tenant, key and borrowed flag.
+        for row in records.order_by().values("namespace", "key", "borrowed").annotate(**columns):
             for i, day in enumerate(days):
                 value: Any = row.get(f"d{i}")  # a float column the stubs cannot see
-                hours = round(max(0.0, float(value or 0.0)) / SECONDS_PER_HOUR, DECIMALS)
-                if hours > 0:
-                    cells[(day, row["namespace"], row["key"])] = hours
-    return DailyHours(first=first, last=last, cells=cells)
+                held = max(0.0, float(value or 0.0))
+                if held > 0:
+                    cell = (day, row["namespace"], row["key"])
+                    seconds_of[cell] += held
+                    if row["borrowed"]:
+                        lent_seconds[cell] += held
+    cells = {c: h for c, s in seconds_of.items() if (h := round(s / SECONDS_PER_HOUR, DECIMALS)) > 0}
+    lent = {c: h for c, s in lent_seconds.items() if (h := round(s / SECONDS_PER_HOUR, DECIMALS)) > 0 and c in cells}
+    return DailyHours(first=first, last=last, cells=cells, borrowed=lent)
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,6 +200,19 @@ class Ledger:
         self.borrowed_sets: dict[SetKey, dict[str, int]] = {}
         #: The borrowed sets marked for reclaim (``reclaim_for``), a subset of ``borrowed_sets``.
         self.marked_sets: set[SetKey] = set()
+        #: ``borrowed_sets`` by tenant: repaying judges one tenant's sets without the others.
+        self.lent_of: dict[str, set[SetKey]] = {}
+        #: The borrowed sets reclaim may mark: every member Bound on one node; by resource
+        #: they hold, then node. Kept as sets change (``_lent_at``: where each is listed).
+        self.lent_on: dict[str, dict[str, set[SetKey]]] = {}
+        self._lent_at: dict[SetKey, tuple[str, tuple[str, ...]]] = {}
+        #: Lending's memo for repaying (it decides nothing: a tenant passed over would have
+        #: had nothing repaid). The tenants with borrowed sets whose sets changed since repay
+        #: last judged them (None: every tenant, a new ledger), and the budgets (with the
+        #: default) each was judged under: a tenant neither in the first nor under other
+        #: budgets has, as then, no set to repay (own usage only grows within a repay).
+        self.repay_due: set[str] | None = None
+        self.repay_judged: dict[str, object] = {}
         self._indexed = False
 
         def find_vmi(namespace: str, name: str) -> Vmi | None:
@@ -321,6 +334,11 @@ class Ledger:
         twin.borrowed = defaultdict(Counter, {k: Counter(v) for k, v in self.borrowed.items()})
         twin.borrowed_sets = dict(self.borrowed_sets)
         twin.marked_sets = set(self.marked_sets)
+        twin.lent_of = {k: set(v) for k, v in self.lent_of.items()}
+        twin.lent_on = {r: {n: set(v) for n, v in on.items()} for r, on in self.lent_on.items()}
+        twin._lent_at = dict(self._lent_at)
+        twin.repay_due = None if self.repay_due is None else set(self.repay_due)
+        twin.repay_judged = dict(self.repay_judged)
         twin.by_free = defaultdict(
             dict, {r: {free: list(names) for free, names in buckets.items()} for r, buckets in self.by_free.items()}
         )
@@ -430,6 +448,8 @@ class Ledger:
         old = self._contrib.get(key)
         if key in self.borrowed_sets or any(map(_lent, devices)):
             self._borrowing(key, devices)
+        if namespace in self.lent_of and self.repay_due is not None:
+            self.repay_due.add(namespace)
         if old is None and key not in self.launcher_pods and all(d.phase is Phase.PENDING for d in devices):
             # A new order (a catch-up after 10k of them commits 10k): it books and uses
             # nothing, so only its devices are kept, as ``_add_all`` keeps them.
@@ -469,6 +489,7 @@ class Ledger:
             tenant[k] -= units
             if not tenant[k]:
                 del tenant[k]
+        devices = tuple(devices)
         lent = [d for d in devices if d.borrowed and d.held]
         units_now = class_units(lent, self.classes)
         if units_now:
@@ -479,6 +500,50 @@ class Ledger:
             self.marked_sets.add(key)
         else:
             self.marked_sets.discard(key)
+        self._list_lent(key, devices if units_now else ())
+
+    def _list_lent(self, key: SetKey, devices: tuple[Device, ...]) -> None:
+        """List ``key`` (now ``devices``, or nothing when it borrows nothing) in ``lent_of``
+        and, when every member is Bound on one node, in ``lent_on``."""
+        namespace = key[0]
+        where = self._lent_at.pop(key, None)
+        if where is not None:
+            node, resources = where
+            for resource in resources:
+                on = self.lent_on[resource]
+                on[node].discard(key)
+                if not on[node]:
+                    del on[node]
+                    if not on:
+                        del self.lent_on[resource]
+        if not devices:
+            of = self.lent_of.get(namespace)
+            if of is not None:
+                of.discard(key)
+                if not of:
+                    del self.lent_of[namespace]
+                    self.repay_judged.pop(namespace, None)
+            return
+        self.lent_of.setdefault(namespace, set()).add(key)
+        node = devices[0].node
+        if not node or not all(d.phase is Phase.BOUND and d.node == node for d in devices):
+            return
+        classes = self.classes
+        resources = tuple(sorted({classes[d.class_name].resource_name for d in devices if d.class_name in classes}))
+        for resource in resources:
+            self.lent_on.setdefault(resource, {}).setdefault(node, set()).add(key)
+        self._lent_at[key] = (node, resources)
+
+    def lending_index(self) -> dict[str, object]:
+        """What the ledger keeps of lending, to compare a kept ledger with one built from
+        scratch (verification): borrowed units per tenant and set, marks, and the indexes."""
+        return {
+            "borrowed": {k: {r: n for r, n in v.items() if n} for k, v in self.borrowed.items() if any(v.values())},
+            "borrowed_sets": dict(self.borrowed_sets),
+            "marked_sets": set(self.marked_sets),
+            "lent_of": {k: set(v) for k, v in self.lent_of.items()},
+            "lent_on": {r: {n: set(v) for n, v in on.items()} for r, on in self.lent_on.items()},
+        }
 
     def own_used(self, namespace: str, key: str) -> int:
         """The tenant's own usage of ``key``: its usage less the units of its borrowed sets."""

@@ -227,21 +227,27 @@ class LendingPass(ChoosingPass):
 
     def repay(self) -> None:
         """Oldest borrowed set first: one that now fits its tenant's limits with the tenant's
-        own usage stops being borrowed (its units join the own usage for the next). Tenants
-        are independent, so each is judged apart, and one whose borrowed sets all use a
-        limited key with no unit of headroom left is passed over without looking at them."""
+        own usage stops being borrowed (its units join the own usage for the next).
+
+        Tenants are independent (a repaid set moves only its tenant's own usage), so only
+        tenants whose sets changed since repay last judged them, or whose budgets did, are
+        judged (:attr:`Ledger.repay_due`): a tenant judged before kept only sets that did not
+        fit, and with its usage and limits as they were, they still do not. The sets judged
+        keep the order of every borrowed set by ``since``, so the decisions are those of
+        judging every tenant."""
         ledger = self.ledger
-        judged: list[str] = []
-        for namespace, lent in ledger.borrowed.items():
-            held = [k for k, units in lent.items() if units > 0]
-            if held:
-                judged.append(namespace)
-        if not judged:
-            return
-        wanted = set(judged)
+        due = ledger.repay_due
+        judged = ledger.repay_judged
+        default = self.settings.default_budget
+        tenants: list[str] = []
+        for namespace in ledger.lent_of:
+            budgets = (default, tuple(self._budgets_by_ns.get(namespace, ())))
+            if due is None or namespace in due or judged.get(namespace) != budgets:
+                tenants.append(namespace)
+                judged[namespace] = budgets
         lent_sets: list[tuple[datetime, SetKey]] = []
-        for key in ledger.borrowed_sets:
-            if key[0] in wanted:
+        for namespace in tenants:
+            for key in ledger.lent_of[namespace]:
                 members = self.members(key)
                 if members and all(d.phase is Phase.BOUND for d in members):
                     lent_sets.append((min(d.since or _EPOCH for d in members), key))
@@ -258,18 +264,7 @@ class LendingPass(ChoosingPass):
                     mark="",
                     reason=f"bound: repaid on {node}: the tenant's own usage now fits its limits with this set",
                 )
-
-    def _no_headroom(self, namespace: str, keys: Sequence[str]) -> bool:
-        """Whether none of the tenant's borrowed sets can be repaid now: they all use one
-        class key (or one raw key) whose limit leaves no unit for them."""
-        limits = self.limits(namespace)
-        for raw in (False, True):
-            of_kind = [k for k in keys if ("/" in k) == raw]
-            if len(of_kind) == 1:
-                limit = limits.limit(of_kind[0])
-                if limit is not None and self.ledger.own_used(namespace, of_kind[0]) + 1 > limit:
-                    return True
-        return False
+        ledger.repay_due = set()
 
     # -- step 4: borrowing orders --------------------------------------------------------
 
@@ -353,9 +348,8 @@ class LendingPass(ChoosingPass):
         marks: dict[SetKey, str] = {}
         chosen: set[str] = set()
         ready: list[SetKey] = []
-        index = self._lent_index() if waiting else {}
         for key in waiting:
-            plan = self.reclaim_plan(key, chosen, marks, index)
+            plan = self.reclaim_plan(key, chosen, marks)
             if plan is None:
                 self._reclaim_note(key, "")
                 continue
@@ -395,34 +389,15 @@ class LendingPass(ChoosingPass):
             if device.reason != wanted:
                 self.with_reason(key, [device.name], wanted)
 
-    def _lent_index(self) -> dict[str, dict[str, list[SetKey]]]:
-        """The borrowed sets reclaim may mark, by resource and node (nodes by name): Bound
-        whole on one node, not released in this pass (built once per pass; marks are checked
-        as they are made)."""
-        index: dict[str, dict[str, list[SetKey]]] = {}
-        for other in sorted(self.ledger.borrowed_sets):
-            if other in self.released_now:
-                continue
-            lent = self.members(other)
-            if not lent or not all(d.phase is Phase.BOUND for d in lent) or len({d.node for d in lent}) != 1:
-                continue
-            for resource in self.units(lent):
-                index.setdefault(resource, {}).setdefault(lent[0].node, []).append(other)
-        return {r: dict(sorted(by_node.items())) for r, by_node in index.items()}
-
-    def reclaim_plan(
-        self,
-        key: SetKey,
-        chosen: set[str],
-        marks: dict[SetKey, str],
-        index: dict[str, dict[str, list[SetKey]]],
-    ) -> tuple[str, list[SetKey]] | None:
+    def reclaim_plan(self, key: SetKey, chosen: set[str], marks: dict[SetKey, str]) -> tuple[str, list[SetKey]] | None:
         """The node and the borrowed sets (youngest first) whose release would make room for
         the waiting set ``key``: per choice in preference order, on every eligible node not
-        chosen for an earlier waiting set, its borrowed sets of the choice's resource not
-        marked for another set until the node would have room; the node releasing the fewest
-        units, then the fewest sets, then by name. A plan already marked for the set and
-        still enough is kept."""
+        chosen for an earlier waiting set, its borrowed sets of the choice's resources (a set
+        whose members mix classes may need several) not marked for another set, until the
+        node would have room for all of it; the node releasing the fewest units of those
+        resources, then the fewest sets, then by name. A plan already marked for the set and
+        still enough is kept. Borrowed sets come from the ledger's index
+        (:attr:`Ledger.lent_on`: Bound whole on one node), kept as sets change."""
         members = self.members(key)
         held = [d for d in members if d.held]
         names = {d.name for d in (held or members)}
@@ -434,6 +409,7 @@ class LendingPass(ChoosingPass):
             mark = self.members(other)[0].reclaim_for
             return not mark or mark == me  # marked for another waiting set earlier: it stays so
 
+        lent_on = self.ledger.lent_on
         for choice in self.set_choices(key, members):
             if choice is not None and choice not in self.classes:
                 continue
@@ -441,14 +417,10 @@ class LendingPass(ChoosingPass):
             if not held and not self.within_budget(key, as_choice, names):
                 continue
             moving = [d for d in as_choice if d.name in names]
-            need = self.units(moving)
-            if len(need) != 1:
+            need = dict(self.units(moving))
+            if not need or all(resource not in lent_on for resource in need):
                 continue
-            ((resource, units),) = need.items()
-            by_node = index.get(resource, {})
-            if not by_node:
-                continue
-            plan = self._plan_on_nodes(me, resource, units, by_node, self.eligible_nodes(moving), chosen, free_for_me)
+            plan = self._plan_on_nodes(me, need, self.eligible_nodes(moving), chosen, free_for_me)
             if plan is not None:
                 return plan
         return None
@@ -456,46 +428,50 @@ class LendingPass(ChoosingPass):
     def _plan_on_nodes(
         self,
         me: str,
-        resource: str,
-        units: int,
-        by_node: dict[str, list[SetKey]],
+        need: dict[str, int],
         eligible: set[str],
         chosen: set[str],
         usable: Callable[[SetKey], bool],
     ) -> tuple[str, list[SetKey]] | None:
-        """:meth:`reclaim_plan` for one choice: ``units`` of ``resource`` for the set ``me``."""
+        """:meth:`reclaim_plan` for one choice: ``need`` (resource -> units) for the set ``me``."""
+        by_node = [self.ledger.lent_on.get(resource, {}) for resource in need]
+        nodes = sorted({node for on in by_node for node in on if node in eligible and node not in chosen})
         best: tuple[int, int, str, list[SetKey]] | None = None
-        for node in by_node:  # by name
-            if node not in eligible or node in chosen:
-                continue
-            free = self.ledger.free(node, resource)
-            lent = [k for k in by_node[node] if usable(k)]
+        for node in nodes:  # by name
+            short = {r: units - self.ledger.free(node, r) for r, units in need.items()}
+            lent = sorted({k for on in by_node for k in on.get(node, ()) if usable(k)})
             kept = [k for k in lent if self.members(k)[0].reclaim_for == me]
-            if kept and free + sum(self.units(self.members(k))[resource] for k in kept) >= units:
-                return node, kept  # still enough: the marks stay as they are
-            taken = self._youngest_until_room(lent, resource, units - free)
+            if kept:
+                kept_units = self.units(d for k in kept for d in self.members(k))
+                if all(kept_units[r] >= units for r, units in short.items()):
+                    return node, kept  # still enough: the marks stay as they are
+            taken = self._youngest_until_room(lent, short)
             if taken is None:
                 continue
-            released = sum(self.units(self.members(k))[resource] for k in taken)
+            freed = self.units(d for k in taken for d in self.members(k))
+            released = sum(freed[r] for r in need)
             if best is None or (released, len(taken), node) < best[:3]:
                 best = (released, len(taken), node, taken)
         return (best[2], best[3]) if best is not None else None
 
-    def _youngest_until_room(self, lent: Sequence[SetKey], resource: str, short: int) -> list[SetKey] | None:
-        """Borrowed sets of ``resource`` from ``lent``, youngest first (latest ``since``; equal
-        ``since`` by namespace, then VM name), until they free ``short`` units; None when all
-        of them do not."""
-        if short <= 0:
+    def _youngest_until_room(self, lent: Sequence[SetKey], short: dict[str, int]) -> list[SetKey] | None:
+        """Borrowed sets from ``lent`` that hold a resource still ``short`` (resource -> units
+        the node lacks), youngest first (latest ``since``; equal ``since`` by namespace, then
+        VM name), until none is short; None when all of them do not free enough."""
+        short = {r: units for r, units in short.items() if units > 0}
+        if not short:
             return None  # room already: nothing to take back for it here
         taken: list[SetKey] = []
-        freed = 0
         for other in sorted(lent, key=lambda k: (-_ts(self.members(k)), k[0], k[1])):
-            units = self.units(self.members(other))[resource]
-            if not units:
+            units = self.units(self.members(other))
+            if not any(units[r] for r in short):
                 continue
             taken.append(other)
-            freed += units
-            if freed >= short:
+            for r in list(short):
+                short[r] -= units[r]
+                if short[r] <= 0:
+                    del short[r]
+            if not short:
                 return taken
         return None
 

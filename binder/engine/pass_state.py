@@ -364,11 +364,15 @@ class PassState:
         budget_borrowed: dict[tuple[str, str], dict[str, int]] = {}
         if with_status:
             class_status = self.class_status()
+            nothing: Counter[str] = Counter()
+            used_of, lent_of = self.ledger.used, self.ledger.borrowed  # .get: adds no tenant
             for budget in sorted(self.budgets, key=lambda b: (b.namespace, b.name)):
-                used = self.ledger.used.get(budget.namespace, Counter())
+                used = used_of.get(budget.namespace) or nothing
                 budget_used[(budget.namespace, budget.name)] = {k: used[k] for k in sorted(budget.limits)}
-                lent = self.ledger.borrowed.get(budget.namespace, Counter())
-                budget_borrowed[(budget.namespace, budget.name)] = {k: v for k, v in sorted(lent.items()) if v}
+                lent = lent_of.get(budget.namespace)
+                budget_borrowed[(budget.namespace, budget.name)] = (
+                    {k: v for k, v in sorted(lent.items()) if v} if lent else {}
+                )
         self.counts[Outcome.REFUSED] = len(self.refused)
         return PassResult(
             devices=tuple(devices),

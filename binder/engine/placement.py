@@ -424,7 +424,9 @@ class _Pass(LendingPass):
                 continue
             if self.entitled_order(key):
                 entitled.append(key)
-            if self.borrow_choices(key):
+            if self.limits(key[0]).borrowing:
+                # Its budgets lend: bind_borrowing judges its choices when its turn comes (usage
+                # only grows until then, so a choice that may not borrow now never will here).
                 borrowers.append(key)
         waiting: set[str] = set()
         for key in [*self.lost_sets(), *entitled]:

@@ -25,7 +25,8 @@ from binder.engine.fit import NodeCache
 
 #: Bump when the payload's shape changes (its keys, or what a key holds). 3: the ledger keeps
 #: its borrowed and marked sets (lending), instance attributes the layout below does not see.
-SCHEMA_VERSION = 3
+#: 4: it also keeps them by tenant and by resource and node, and repay's memo.
+SCHEMA_VERSION = 4
 
 
 #: The record classes a payload holds by the thousand (pickled by :func:`_reducer`).

@@ -44,7 +44,7 @@ from binder.runtime.locking import pass_lock
 from binder.runtime.mirror_state import Catchup
 from binder.runtime.state import STATE, ClusterState, StatusWritten
 from binder.runtime.usage_records import record_usage
-from binder.runtime.verify import compare_records, compare_results
+from binder.runtime.verify import compare_lending, compare_records, compare_results
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +299,7 @@ def _verify(
     else:
         theirs = fresh_engine(scratch.cluster(now, options), scratch.ledger())
     problems = compare_records(state, scratch) + compare_results(mine, theirs)
+    problems += compare_lending(state.ledger(), scratch.ledger())
     for problem in problems:
         log.error("verification: %s", problem)
     if problems:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from binder.engine import PassResult
+from binder.engine.accounting import Ledger
 from binder.runtime.mirror_state import ENGINE_KINDS, MirrorState, record_key
 
 
@@ -49,3 +50,15 @@ def compare_results(mine: PassResult, fresh: PassResult) -> list[str]:
         if a and b and dict(a) != dict(b):
             out.append(f"{name}: incremental {dict(a)!r} != from scratch {dict(b)!r}")
     return out
+
+
+def compare_lending(mine: Ledger, fresh: Ledger) -> list[str]:
+    """Every difference in what two ledgers keep of lending (borrowed units per tenant and
+    set, marked sets, the borrowed sets by tenant and by resource and node): the kept
+    indexes repay and reclaim read against a ledger built from scratch."""
+    ours, theirs = mine.lending_index(), fresh.lending_index()
+    return [
+        f"ledger {name}: incremental {ours[name]!r} != from scratch {theirs[name]!r}"
+        for name in ours
+        if ours[name] != theirs[name]
+    ]

@@ -60,6 +60,8 @@ class Line:
     rate: Decimal | None
     share: float
     """Of every tenant's GPU-hours in the window (0 to 1)."""
+    borrowed: float = 0.0
+    """Of ``hours``, those held by borrowed sets (lending): billed alike, shown apart."""
 
     @property
     def amount(self) -> Decimal | None:
@@ -97,14 +99,19 @@ class TenantTotal:
 def ranked(daily: DailyHours, rates: dict[str, Decimal]) -> list[TenantTotal]:
     """Tenants by GPU-hours in the window, most first, each with its lines per key."""
     per: dict[tuple[str, str], float] = defaultdict(float)
+    lent: dict[tuple[str, str], float] = defaultdict(float)
     for (_day, tenant, key), hours in daily.cells.items():
         per[(tenant, key)] += hours
+    for (_day, tenant, key), hours in daily.borrowed.items():
+        lent[(tenant, key)] += hours
     total = sum(per.values())
     tenants: dict[str, TenantTotal] = {}
     for (tenant, key), hours in sorted(per.items()):
         hours = round(hours, DECIMALS)
         row = tenants.setdefault(tenant, TenantTotal(tenant))
-        row.lines.append(Line(tenant, key, hours, rates.get(key), hours / total if total else 0.0))
+        share = hours / total if total else 0.0
+        borrowed = round(lent.get((tenant, key), 0.0), DECIMALS)
+        row.lines.append(Line(tenant, key, hours, rates.get(key), share, borrowed))
         row.hours += hours
     for row in tenants.values():
         row.hours = round(row.hours, DECIMALS)

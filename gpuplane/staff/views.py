@@ -295,23 +295,26 @@ def usage_chart(request: HttpRequest, site: AdminSite) -> HttpResponse:
     )
 
 
-def _csv(rows: list[tuple[date, str, str, float]], filename: str) -> HttpResponse:
+def _csv(rows: list[tuple[date, str, str, float, float]], filename: str) -> HttpResponse:
+    """GPU-hours per day, tenant and class; ``borrowed_gpu_hours``: of them, those held by
+    borrowed sets (lending), apart."""
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     writer = SafeWriter(response)  # tenant and class names are chosen by others: no formulas
-    writer.writerow(["day", "tenant", "class", "gpu_hours"])
-    for day, namespace, key, hours in rows:
-        writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}"])
+    writer.writerow(["day", "tenant", "class", "gpu_hours", "borrowed_gpu_hours"])
+    for day, namespace, key, hours, borrowed in rows:
+        writer.writerow([day.isoformat(), namespace, key, f"{hours:.6f}", f"{borrowed:.6f}"])
     return response
 
 
 def _billing_csv(table: list[TenantTotal], first: date, last: date, filename: str) -> HttpResponse:
     """One row per tenant and key: GPU-hours inside the window (records cut at its edges),
-    share of all GPU-hours in it, rate and amount (empty without a rate)."""
+    of them the borrowed GPU-hours (held by borrowed sets, lending: billed alike, shown
+    apart), share of all GPU-hours in it, rate and amount (empty without a rate)."""
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     writer = SafeWriter(response)
-    writer.writerow(["from", "to", "tenant", "class", "gpu_hours", "share", "rate", "amount"])
+    writer.writerow(["from", "to", "tenant", "class", "gpu_hours", "borrowed_gpu_hours", "share", "rate", "amount"])
     for tenant in table:
         for line in tenant.lines:
             writer.writerow(
@@ -321,6 +324,7 @@ def _billing_csv(table: list[TenantTotal], first: date, last: date, filename: st
                     line.tenant,
                     line.key,
                     f"{line.hours:.6f}",
+                    f"{line.borrowed:.6f}",
                     f"{line.share:.6f}",
                     "" if line.rate is None else str(line.rate),
                     "" if line.amount is None else str(line.amount),

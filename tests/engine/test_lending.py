@@ -243,6 +243,54 @@ def test_a_running_vms_set_is_never_released_by_reclaim() -> None:
         c = then(result, c)
 
 
+def runs(ns: str, vm: str, devices: list[e.Device], node_name: str, resource: str) -> tuple[e.Vmi, e.Pod]:
+    """As :func:`running`, the launcher requesting ``resource`` (as many as the set holds)."""
+    vmi = vmi_obj(ns, vm, [d.name for d in devices], {}, node_name)
+    pod = launcher_obj(vmi, resource, len(devices), node_name)
+    vmi["status"]["activePods"] = {pod["metadata"]["uid"]: node_name}
+    return engine(vmi), engine(pod)
+
+
+def test_a_waiting_set_mixing_resources_marks_borrowed_sets_of_each_resource_it_lacks() -> None:
+    # t2's order mixes 1 A10 and 2 H100s (no alternatives: a choice "as booked" may mix
+    # classes). n1 has 1 H100 free; t1's borrowed sets hold its 2 A10s and the other H100.
+    # Releasing both (and nothing on n2, whose borrowed A10s hold no H100) makes room.
+    lent_a10 = lent("t1", "lent-a10", 2, "n1", since="2026-11-28T00:00:00Z")
+    lent_h100 = lent("t1", "lent-h100", 1, "n1", cls="h100", since="2026-11-28T00:00:00Z")
+    elsewhere = lent("t1", "lent-n2", 2, "n2", since="2026-11-29T00:00:00Z")
+    mixed = [gpu("t2", "mixed-a", "a10", "mixed"), *(gpu("t2", f"mixed-h{i}", "h100", "mixed") for i in range(2))]
+    launched = [
+        runs("t1", "lent-a10", lent_a10, "n1", A10),
+        runs("t1", "lent-h100", lent_h100, "n1", H100),
+        runs("t1", "lent-n2", elsewhere, "n2", A10),
+    ]
+    c = cluster(
+        *lent_a10,
+        *lent_h100,
+        *elsewhere,
+        *mixed,
+        nodes=(node("n1", {A10: 2, H100: 2}), node("n2", {A10: 2})),
+        budgets=(budget("t1", {"a10": 0, "h100": 0}, borrowing={"a10": 8, "h100": 8}),),
+        vmis=tuple(v for v, _ in launched),
+        pods=tuple(p for _, p in launched),
+    )
+    result = full_pass(c)
+    marks = {d.vm_name: d.reclaim_for for d in after(result, c).values() if d.borrowed}
+    assert marks == {"lent-a10": "t2/mixed", "lent-h100": "t2/mixed", "lent-n2": ""}
+    waiting = of_set(result, c, "mixed")
+    assert {d.phase for d in waiting} == {e.Phase.PENDING}
+    assert "waits for reclaim: t1/lent-a10, t1/lent-h100 on n1" in waiting[0].reason
+    # Both VMs stop: both sets are released and the mixed set is placed on n1 in that pass.
+    stopped = dataclasses.replace(
+        then(result, c), pods=tuple(dataclasses.replace(p, phase="Succeeded") for p in c.pods[:2]) + c.pods[2:]
+    )
+    second = full_pass(stopped)
+    assert {(d.phase, d.node) for d in of_set(second, stopped, "mixed")} == {(e.Phase.BOUND, "n1")}
+    for vm in ("lent-a10", "lent-h100"):
+        assert {(d.phase, d.borrowed) for d in of_set(second, stopped, vm)} == {(e.Phase.PENDING, False)}
+    assert {(d.phase, d.node) for d in of_set(second, stopped, "lent-n2")} == {(e.Phase.BOUND, "n2")}
+
+
 # -- step 2: a borrowed set that cannot stay -------------------------------------------
 
 

@@ -191,3 +191,72 @@ def test_lending_passes_keep_running_vms_and_the_accounts_and_leave_no_stopped_b
         raise AssertionError(f"passes did not settle in {MAX_PASSES}")
     note(f"tenants={tenant_specs} nodes={node_sizes} first={first} running={running} burst={burst}")
     check_no_stopped_borrower_blocks(cluster)
+
+
+#: Between two passes: a tenant's budget changes (limit, borrowing), a set is deleted, or an
+#: order arrives; (kind, tenant or set index, value, value).
+steps = st.lists(
+    st.tuples(st.sampled_from(["budget", "delete", "order", "none"]), st.integers(0, 9), st.integers(0, 6),
+              st.integers(0, 6)),
+    min_size=1,
+    max_size=8,
+)  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tenants, nodes, orders, st.lists(st.booleans(), max_size=10), steps)
+def test_a_kept_ledger_repays_and_marks_as_a_ledger_built_from_scratch(
+    tenant_specs: list[tuple[int, int, bool]],
+    node_sizes: list[int],
+    first: list[tuple[int, int]],
+    running: list[bool],
+    changes: list[tuple[str, int, int, int]],
+) -> None:
+    """A worker keeps its ledger between passes, and with it the borrowed sets by tenant
+    and by node and repay's memo of the tenants it need not judge again: passes on it
+    decide exactly as passes on a ledger built from scratch, whatever changed between them
+    (budgets, sets deleted, new orders), and its indexes equal a fresh ledger's."""
+    budgets = tuple(
+        e.Budget(f"t{i}", "b", {"a10": limit}, {"a10": borrow})
+        for i, (limit, borrow, has) in enumerate(tenant_specs)
+        if has
+    )
+    devices = [
+        d for i, (t, size) in enumerate(first) for d in make_order(f"t{t % len(tenant_specs)}", f"a{i}", size, i)
+    ]
+    cluster = Cluster(
+        now=NOW,
+        classes=(A10_CLASS,),
+        nodes=tuple(e.Node(f"n{i}", {A10: size}) for i, size in enumerate(node_sizes)),
+        devices=tuple(devices),
+        budgets=budgets,
+    )
+    cluster = apply(cluster, full_pass(cluster))
+    # Every held set starts borrowed, as a worker may find them (cluster_bench does the same).
+    lent = tuple(dataclasses.replace(d, borrowed=d.held) for d in cluster.devices)
+    cluster = dataclasses.replace(cluster, devices=lent)
+    cluster = with_launchers(cluster, running)
+    kept = ledger_for(cluster)
+    for n, (kind, index, a, b) in enumerate([("none", 0, 0, 0), *changes]):
+        sets = sets_of(cluster)
+        touched: list[tuple[str, str]] = []
+        if kind == "budget":
+            ns = f"t{index % len(tenant_specs)}"
+            others = tuple(x for x in cluster.budgets if x.namespace != ns)
+            cluster = dataclasses.replace(cluster, budgets=(*others, e.Budget(ns, "b", {"a10": a}, {"a10": b})))
+        elif kind == "delete" and sets:
+            key = sorted(sets)[index % len(sets)]
+            cluster = dataclasses.replace(cluster, devices=tuple(d for d in cluster.devices if d.set_key != key))
+            touched.append(key)
+        elif kind == "order":
+            new = make_order(f"t{index % len(tenant_specs)}", f"c{n}", 1 + a % 4, 60 + n)
+            cluster = dataclasses.replace(cluster, devices=(*cluster.devices, *new))
+            touched.append(new[0].set_key)
+        members = sets_of(cluster)
+        for key in touched:
+            kept.commit(key, tuple(sorted(members.get(key, ()), key=lambda d: d.key)))
+        mine, theirs = full_pass(cluster, kept), full_pass(cluster)
+        assert sorted(mine.devices, key=lambda d: d.key) == sorted(theirs.devices, key=lambda d: d.key)
+        assert Counter(mine.changes) == Counter(theirs.changes) and mine.counts == theirs.counts
+        cluster = apply(cluster, theirs)
+        assert kept.lending_index() == ledger_for(cluster).lending_index()

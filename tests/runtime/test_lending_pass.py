@@ -23,6 +23,7 @@ from tests.support.accounts import account, token_client
 from tests.support.clock import Clock
 from tests.support.shapes import (
     A10,
+    H100,
     NOW,
     budget_obj,
     class_obj,
@@ -61,6 +62,7 @@ def same_as_a_rebuild(state: ClusterState) -> None:
             k: +c for k, c in getattr(theirs, counts).items() if +c
         }
     assert mine.borrowed_sets == theirs.borrowed_sets
+    assert mine.lending_index() == theirs.lending_index()  # by tenant, by resource and node
 
 
 def base() -> list[dict[str, Any]]:
@@ -146,6 +148,59 @@ def test_a_verification_finds_no_difference_with_borrowed_and_marked_sets(settin
     run = run_pass(models.PassKind.FULL, state)
     assert run.verify_mismatches == 0
     assert models.GpuDevice.objects.filter(reclaim_for="t2/waiting").count() == 4
+
+
+@pytest.mark.django_db
+def test_a_verification_compares_the_ledgers_kept_lending_indexes(settings: Any) -> None:
+    """Repay and reclaim read the borrowed sets from indexes the worker's ledger keeps
+    (by tenant, by resource and node): a kept index that drifted is a verification mismatch."""
+    load_objects([*base(), *(gpu_obj("t1", f"borrower-gpu{i}", "a10", "borrower") for i in range(4))])
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    ledger = state.ledger()
+    assert ledger.lent_of == {"t1": {("t1", "borrower")}}
+    assert ledger.lent_on == {A10: {"n1": {("t1", "borrower")}}}
+    ledger.lent_on.clear()  # drifted: reclaim would find nothing to mark
+    settings.GPUPLANE_VERIFY_SECONDS = 0
+    run = run_pass(models.PassKind.FULL, state)
+    assert run.verify_mismatches == 1
+    assert state.ledger().lent_on == {A10: {"n1": {("t1", "borrower")}}}  # continued from the rebuilt state
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fresh", [False, True], ids=["kept-state", "from-scratch"])
+def test_a_waiting_order_mixing_resources_marks_the_borrowed_set_in_its_way(fresh: bool) -> None:
+    """t2's order of one A10 and one H100 (no alternatives: held as ordered) finds n1's A10
+    held by t1's borrowed set, whose VM runs: the pass marks it, and once the VM stops, the
+    next pass releases it and places the order on n1 whole."""
+    state = ClusterState()
+
+    def full() -> models.PassRun:
+        return run_pass(models.PassKind.FULL, ClusterState() if fresh else state)
+
+    vmi = vmi_obj("t1", "lent", ["lent-gpu0"], {}, "n1")
+    vmi["metadata"]["uid"] = "vmi-lent"
+    pod = launcher_obj(vmi, A10, 1, "n1", uid="pod-lent", name="virt-launcher-lent")
+    vmi["status"]["activePods"] = {"pod-lent": "n1"}
+    load_objects([
+        namespace_obj("t1"), namespace_obj("t2"), class_obj("a10", A10), class_obj("h100", H100),
+        node_obj("n1", {A10: 1, H100: 1}), budget_obj("t1", {"a10": 0}, borrowing={"a10": 1}),
+        gpu_obj("t1", "lent-gpu0", "a10", "lent", phase="Bound", node="n1", borrowed=True), vmi, pod,
+        gpu_obj("t2", "mixed-a", "a10", "mixed"), gpu_obj("t2", "mixed-h", "h100", "mixed"),
+    ])  # fmt: skip
+    full()
+    lent = models.GpuDevice.objects.get(name="lent-gpu0")
+    assert (lent.phase, lent.node, lent.borrowed, lent.reclaim_for) == ("Bound", "n1", True, "t2/mixed")
+    assert all(
+        "waits for reclaim: t1/lent on n1" in d.reason for d in models.GpuDevice.objects.filter(vm_name="mixed")
+    )
+    models.Pod.objects.filter(uid="pod-lent").update(phase="Succeeded")
+    full()
+    assert {(d.phase, d.node) for d in models.GpuDevice.objects.filter(vm_name="mixed")} == {("Bound", "n1")}
+    lent = models.GpuDevice.objects.get(name="lent-gpu0")
+    assert (lent.phase, lent.borrowed, lent.reclaim_for) == ("Pending", False, "")
+    if not fresh:
+        same_as_a_rebuild(state)
 
 
 @pytest.mark.django_db

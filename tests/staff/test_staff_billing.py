@@ -34,8 +34,11 @@ DAY = date(2026, 11, 20)
 NOW = _at(DAY + timedelta(days=5), 6)
 
 
-def _record(namespace: str, subject: str, key: str, units: int, start: datetime, end: datetime | None) -> None:
+def _record(
+    namespace: str, subject: str, key: str, units: int, start: datetime, end: datetime | None, *, borrowed: bool = False
+) -> None:
     UsageRecord.objects.create(
+        borrowed=borrowed,
         namespace=namespace,
         subject_kind="GPU",
         subject=subject,
@@ -78,6 +81,35 @@ def test_billing_csv_is_clipped_to_the_window(admin_client: Client, records: Non
     daily = daily_gpu_hours(DAY + timedelta(days=1), DAY + timedelta(days=1), NOW)
     assert sum(got.values()) == pytest.approx(daily.total)
     assert all(r["rate"] == "" and r["amount"] == "" for r in rows)
+
+
+def test_billing_and_day_csvs_show_the_borrowed_gpu_hours_apart(admin_client: Client, clock: Any) -> None:
+    """A borrowed set's hours (lending: records with ``borrowed``) are billed like the rest
+    and shown apart in ``borrowed_gpu_hours``: the part of ``gpu_hours`` borrowed sets held."""
+    clock.now = NOW
+    day1 = DAY + timedelta(days=1)
+    # team-a: 2 × h100 of its own all of day 1 (48 h), and a borrowed 1 × h100 from 06:00 to 18:00
+    # (12 h), which was repaid then: the same device's own record goes on to the end of the day (6 h).
+    _record("team-a", "g0", "h100", 2, _at(day1, 0), _at(day1 + timedelta(days=1), 0))
+    _record("team-a", "g1", "h100", 1, _at(day1, 6), _at(day1, 18), borrowed=True)
+    _record("team-a", "g1", "h100", 1, _at(day1, 18), _at(day1 + timedelta(days=1), 0))
+    # team-b: a borrowed a10 from day 0 18:00 into day 2: 6 h on day 0, 24 h on day 1.
+    _record("team-b", "g2", "a10", 1, _at(DAY, 18), _at(DAY + timedelta(days=2), 0), borrowed=True)
+    rows = _billing(admin_client, **{"from": str(day1), "to": str(day1), "rates": "h100=2,a10=1"})
+    got = {(r["tenant"], r["class"]): (float(r["gpu_hours"]), float(r["borrowed_gpu_hours"])) for r in rows}
+    assert got == {("team-a", "h100"): (66.0, 12.0), ("team-b", "a10"): (24.0, 24.0)}
+    # Billed alike: the amount is of every GPU-hour, borrowed ones included.
+    assert {r["tenant"]: r["amount"] for r in rows} == {"team-a": "132.0000", "team-b": "24.0000"}
+    # The day CSV: the same split per day, and a day with no borrowed hours says 0.
+    response = admin_client.get(reverse(CHART), {"from": str(DAY), "to": str(day1), "format": "csv"})
+    days = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert list(days[0]) == ["day", "tenant", "class", "gpu_hours", "borrowed_gpu_hours"]
+    per_day = {(r["day"], r["tenant"]): (float(r["gpu_hours"]), float(r["borrowed_gpu_hours"])) for r in days}
+    assert per_day == {
+        (str(DAY), "team-b"): (6.0, 6.0),
+        (str(day1), "team-a"): (66.0, 12.0),
+        (str(day1), "team-b"): (24.0, 24.0),
+    }
 
 
 def test_ranked_table_with_shares_and_rates(admin_client: Client, records: None, clock: Any) -> None:

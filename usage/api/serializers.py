@@ -112,6 +112,15 @@ class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     vmName = serializers.CharField(source="vm_name")
     since = serializers.DateTimeField(allow_null=True)
     answer = serializers.CharField(help_text="the binder's answer to the latest bind request")
+    borrowed = serializers.BooleanField(
+        help_text="held by a borrowed set: lent beyond the tenant's limit on idle GPUs, and taken back "
+        "only while its VM is not running (status.borrowed)"
+    )
+    reclaimFor = serializers.CharField(
+        source="reclaim_for",
+        help_text="<namespace>/<vm> of the waiting set this borrowed set is marked for: its GPUs go there "
+        "once its VM stops (status.reclaimFor; empty: not marked)",
+    )
 
     class Meta:
         model = binder_models.GpuDevice
@@ -127,6 +136,8 @@ class DeviceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "since",
             "reason",
             "answer",
+            "borrowed",
+            "reclaimFor",
         ]
 
     @extend_schema_field(OpenApiTypes.STR)

@@ -9,30 +9,24 @@ engine's plain dataclasses and back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Self, TypeVar
-
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models.functions import Now
 
 from binder.engine import types as engine
-from binder.engine.usage import RecordPhase as EngineRecordPhase
-from binder.engine.usage import SubjectKind as EngineSubjectKind
 
-_M = TypeVar("_M", bound=models.Model)
-
-
-class TenantQuerySet(models.QuerySet[_M]):
-    """Querysets of namespaced objects carry tenant scoping, so no view can forget it."""
-
-    def for_tenant(self, namespaces: Iterable[str] | None) -> Self:
-        """Rows of the given namespaces only (``None`` means all: staff)."""
-        if namespaces is None:
-            return self
-        lookup: str = getattr(self.model, "NAMESPACE_LOOKUP")  # noqa: B009 - set on every tenant-scoped model
-        return self.filter(**{lookup + "__in": list(namespaces)})
-
+# Models of this app kept in modules of their own; imported here so Django registers them
+# with the rest, and so ``binder.models`` names every model of the app.
+from binder.feed_models import Change as Change
+from binder.feed_models import ChangeOp as ChangeOp
+from binder.feed_models import Checkpoint as Checkpoint
+from binder.feed_models import FeedReader as FeedReader
+from binder.querysets import TenantQuerySet
+from binder.usage_record import CLOSING_FIELDS as CLOSING_FIELDS
+from binder.usage_record import ClosedRecordError as ClosedRecordError
+from binder.usage_record import RecordPhase as RecordPhase
+from binder.usage_record import SubjectKind as SubjectKind
+from binder.usage_record import UsageRecord as UsageRecord
+from binder.usage_record import UsageRecordQuerySet as UsageRecordQuerySet
 
 # -- the mirror: one model per mirrored kind ----------------------------------------------------
 #
@@ -95,7 +89,6 @@ class NamespacedMirror(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace.name}/{self.name}"
-
 
 
 class Node(models.Model):
@@ -490,255 +483,3 @@ class FinalizerRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name} at {self.resource_version or '-'}"
-
-
-class ChangeOp(models.TextChoices):
-    INSERT = "I"
-    UPDATE = "U"
-    DELETE = "D"
-    TRUNCATE = "T"
-    ANCHOR = "A"
-
-
-class Change(models.Model):
-    """One entry of the change feed: a mirrored row was inserted,
-    updated or deleted.
-
-    Written by database triggers (migration 0005) in the writer's own transaction, so no
-    write path (the ORM, bulk updates, raw SQL, the admin, ``load_snapshot``, the sync,
-    the pass itself) can change a mirrored row without leaving an entry. ``position`` is
-    the one ordered sequence; ``object_id`` is the row's primary key (a delete leaves
-    its tombstone here); ``xid`` is the writer's transaction id on PostgreSQL, which lets
-    a reader find entries whose positions were taken before but committed after its last
-    read (see ``binder.runtime.state``). A ``T`` entry with kind ``*`` records a TRUNCATE:
-    readers rebuild; an ``A`` entry is a reader's anchor on an otherwise empty feed. The pass
-    worker is the reader; nothing else reads or writes it.
-    """
-
-    position = models.BigAutoField(primary_key=True)
-    kind = models.CharField(max_length=32)
-    object_id = models.BigIntegerField(null=True)
-    namespace_id = models.BigIntegerField(null=True)
-    name = models.CharField(max_length=253, blank=True)
-    op = models.CharField(max_length=1, choices=ChangeOp.choices)
-    xid = models.BigIntegerField(null=True, help_text="PostgreSQL: the writer's transaction id (xid8)")
-    token = models.CharField(
-        max_length=36, blank=True, help_text="random, per entry: a reader checks its last entry is still this one"
-    )
-    created = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "binder_change"
-        ordering = ["position"]
-        indexes = [models.Index(fields=["xid"], name="change_xid_idx")]
-
-    def __str__(self) -> str:
-        return f"#{self.position} {self.op} {self.kind} {self.object_id}"
-
-
-class FeedReader(models.Model):
-    """Where each pass worker has read the change feed up to, so pruning keeps what any
-    live worker still needs.
-
-    Workers take turns (two binder replicas share one queue); each follows the other's
-    passes through the feed instead of reading everything again, which is sound only if
-    no entry it has not applied was deleted. A pass deletes entries below the lowest
-    ``position`` of the readers seen within ``GPUPLANE_FEED_RETENTION_SECONDS``, never
-    those of the transactions in their ``horizon`` (in progress at their last read: they
-    may commit below it), and deletes the rows of readers not seen for that long. A
-    worker whose row is gone (it was judged stale) reads everything again. Rows are
-    written in the pass's transaction, under the pass lock, so pruning and reading never
-    interleave.
-    """
-
-    worker = models.CharField(max_length=200, unique=True)
-    position = models.BigIntegerField()
-    horizon = models.JSONField(default=list, blank=True)
-    token = models.CharField(
-        max_length=32, help_text="random, per pass: a pass rolled back leaves the previous one's; its worker rebuilds"
-    )
-    updated = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "binder_feed_reader"
-
-    def __str__(self) -> str:
-        return f"{self.worker} at #{self.position}"
-
-
-class Checkpoint(models.Model):
-    """A pass worker's in-memory state saved with its place in the change feed, so a new
-    process (or a worker whose own place is no longer recorded) loads it and replays the
-    feed after it instead of reading every mirrored row again (``binder.runtime.checkpoint``).
-
-    Written after each verification and on a clean shutdown, in one transaction with the
-    deletion of the older ones: a writer killed half way leaves the previous checkpoint.
-    The data is a versioned, checksummed, compressed pickle that only this program writes
-    and reads (``schema`` and ``checksum`` are checked before it is unpickled).
-    """
-
-    created = models.DateTimeField(db_default=Now())
-    worker = models.CharField(max_length=200, help_text="the worker incarnation that wrote it")
-    schema = models.CharField(
-        max_length=80, help_text="the version and record layout of the data; another one is refused"
-    )
-    position = models.BigIntegerField(help_text="the change-feed position the state is current to")
-    horizon = models.JSONField(default=list, blank=True)
-    mark = models.CharField(max_length=36, blank=True)
-    mark_at = models.BigIntegerField(default=0)
-    token = models.CharField(max_length=32, help_text="matches the FeedReader row that keeps its entries")
-    reconciled = models.BooleanField(
-        default=True, help_text="saved with nothing left for the next full pass to reconcile (usage records)"
-    )
-    checksum = models.CharField(max_length=64, help_text="sha256 of data")
-    size = models.BigIntegerField(default=0)
-    data = models.BinaryField()
-
-    class Meta:
-        db_table = "binder_checkpoint"
-        ordering = ("-id",)
-
-    def __str__(self) -> str:
-        return f"checkpoint #{self.pk} at #{self.position} ({self.size} bytes)"
-
-
-# Usage records: written by the binder's full passes (``binder.runtime.usage_records``),
-# read by the usage app (the tenant API, daily roll-ups, the admin) through its proxy.
-#
-# They are what tenants are billed from, so they are an append-only history: a record is
-# opened by a full pass, closed by a later one, and never edited or deleted after it
-# closes. That is enforced here (model and queryset refuse it) and, on PostgreSQL, by a
-# trigger (usage migration 0002) that also stops raw SQL. Namespace and subject are copied
-# as names, not linked, so records outlive the devices, pods and namespaces they describe.
-
-#: The only columns a write may change on an open record: closing it.
-CLOSING_FIELDS = frozenset({"end", "closed_by_pass"})
-
-
-class ClosedRecordError(Exception):
-    """A write tried to change or delete a usage record in a way the history forbids."""
-
-
-class SubjectKind(models.TextChoices):
-    GPU = EngineSubjectKind.GPU.value
-    POD = EngineSubjectKind.POD.value
-
-
-class RecordPhase(models.TextChoices):
-    BOUND = EngineRecordPhase.BOUND.value
-    LOST = EngineRecordPhase.LOST.value
-    RAW = EngineRecordPhase.RAW.value
-
-
-_R = TypeVar("_R", bound="UsageRecord")
-
-
-class UsageRecordQuerySet(TenantQuerySet[_R]):
-    """Records scoped per tenant (``for_tenant``, the mirror's one rule); bulk writes may only
-    close open records, never delete. Generic so that the usage app's proxy reads its own type."""
-
-    def open(self) -> Self:
-        return self.filter(end__isnull=True)
-
-    def update(self, **kwargs: Any) -> int:
-        """Close open records (``end``, ``closed_by_pass``); closed rows are never matched."""
-        extra = set(kwargs) - CLOSING_FIELDS
-        if extra:
-            raise ClosedRecordError(f"usage records are append-only: cannot update {', '.join(sorted(extra))}")
-        if kwargs.get("end", ...) is None:
-            raise ClosedRecordError("usage records are append-only: a closed record cannot be reopened")
-        return super(UsageRecordQuerySet, self.filter(end__isnull=True)).update(**kwargs)
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise ClosedRecordError("usage records are never deleted")
-
-    delete.queryset_only = True  # type: ignore[attr-defined]
-
-
-class UsageRecord(models.Model):
-    """Who held how many units of which key, where, from ``start`` until ``end``.
-
-    A device (subject kind GPU) has one open record while Bound or Lost; a pod (kind
-    Pod, phase Raw) one per resource while its raw usage is above zero. A
-    change of node, phase or units closes the record and opens the next at the same
-    instant. GPU-hours = units × hours.
-    """
-
-    NAMESPACE_LOOKUP = "namespace"
-
-    namespace = models.CharField(max_length=63)
-    subject_kind = models.CharField(max_length=8, choices=SubjectKind.choices)
-    subject = models.CharField(max_length=253, help_text="GPU device name, or pod name")
-    subject_uid = models.CharField(max_length=64, blank=True, help_text="pod uid (empty for devices)")
-    vm_name = models.CharField(max_length=253, blank=True, help_text="the device's VM (empty for pods)")
-    key = models.CharField(max_length=253, help_text="class name for devices, raw resource name for pods")
-    resource_name = models.CharField(max_length=253)
-    units = models.PositiveIntegerField(validators=[MinValueValidator(1)])
-    node = models.CharField(max_length=253, blank=True, help_text="empty while Lost")
-    phase = models.CharField(max_length=8, choices=RecordPhase.choices)
-    borrowed = models.BooleanField(default=False, help_text="held by a borrowed set (lending)")
-    start = models.DateTimeField()
-    end = models.DateTimeField(null=True, blank=True, help_text="empty while the record is open")
-    opened_by_pass = models.BigIntegerField(null=True, blank=True, help_text="id of the full pass that opened it")
-    closed_by_pass = models.BigIntegerField(null=True, blank=True, help_text="id of the full pass that closed it")
-
-    objects = UsageRecordQuerySet["UsageRecord"].as_manager()
-
-    class Meta:
-        # The table keeps the name it had when the usage app owned the model (migration
-        # binder/0016 moved only Django's state). The admin page and the permission
-        # ``usage.view_usagerecord`` belong to usage's proxy (``usage.models.UsageRecord``),
-        # so this model has none of its own.
-        db_table = "usage_usagerecord"
-        default_permissions = ()
-        ordering = ["start", "id"]
-        constraints = [
-            models.CheckConstraint(condition=models.Q(units__gte=1), name="usage_units_positive"),
-            models.CheckConstraint(
-                condition=models.Q(end__isnull=True) | models.Q(end__gte=models.F("start")),
-                name="usage_end_after_start",
-            ),
-            # At most one open record per subject and resource: a device is Bound or Lost once.
-            models.UniqueConstraint(
-                fields=["namespace", "subject_kind", "subject", "subject_uid", "resource_name"],
-                condition=models.Q(end__isnull=True),
-                name="usage_one_open_per_subject",
-            ),
-        ]
-        # The open records (every pass's lookup of its subjects' records by namespace, kind
-        # and subject, a full reconciliation's "end IS NULL", a tenant's open records) are
-        # read through usage_one_open_per_subject (the constraint's partial index): a pass
-        # that opens 26k records writes every index, so none is kept for them alone.
-        indexes = [
-            models.Index(fields=["namespace", "start"], name="usage_ns_start_idx"),
-            models.Index(fields=["namespace", "key", "start"], name="usage_ns_key_idx"),
-            # Windows: "ended after from" bounded by an index, so a query over 30 days
-            # does not read a tenant's whole history (with usage_ns_start_idx and the open one).
-            models.Index(fields=["namespace", "end"], name="usage_ns_end_idx"),
-        ]
-
-    def __str__(self) -> str:
-        until = self.end.isoformat() if self.end else "now"
-        return f"{self.namespace}/{self.subject} {self.units}×{self.key} {self.phase} {self.start.isoformat()}–{until}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """New records may be saved; an existing one only while open, and only to close it."""
-        if self.pk is not None and not kwargs.get("force_insert"):
-            stored = type(self).objects.filter(pk=self.pk).values().first()
-            if stored is not None:
-                if stored["end"] is not None:
-                    raise ClosedRecordError(f"usage record {self.pk} is closed and cannot be changed")
-                changed = {f for f, v in stored.items() if f != "id" and getattr(self, f) != v}
-                if changed - CLOSING_FIELDS:
-                    raise ClosedRecordError(
-                        f"usage record {self.pk}: only end and closed_by_pass may change, not "
-                        + ", ".join(sorted(changed - CLOSING_FIELDS))
-                    )
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise ClosedRecordError("usage records are never deleted")
-
-    @property
-    def is_open(self) -> bool:
-        return self.end is None

@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 
 from binder import models as binder_models
 from binder.engine import Limits, build_ledger, effective_limits, tenant_usage
-from binder.engine.accounting import is_raw_key, remaining
+from binder.engine.limits import is_raw_key, remaining
 from binder.mirror.read import engine_settings, read_rows
 from binder.models import SubjectKind
 from binder.runtime.usage_records import fresh_vmis

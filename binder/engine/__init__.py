@@ -5,19 +5,12 @@ can be tested with plain objects and reused unchanged by the database-backed pas
 the webhook, the catalog and the usage records.
 """
 
-from binder.engine.accounting import (
-    Holding,
-    Ledger,
-    Limits,
-    build_ledger,
-    effective_limits,
-    ledger_for,
-    remaining,
-    tenant_usage,
-)
+from binder.engine.accounting import Ledger, build_ledger, ledger_for, tenant_usage
 from binder.engine.catalog import GpuOption, gpu_options
 from binder.engine.fit import budget_refusal
 from binder.engine.launcher import RawUsage, is_launcher, launcher_of, raw_usage, raw_usage_of
+from binder.engine.ledger_records import Holding
+from binder.engine.limits import Limits, effective_limits, remaining
 from binder.engine.placement import ANSWER_BOUND, ANSWER_REFUSED, answer_pass, full_pass
 from binder.engine.types import (
     Budget,

@@ -10,153 +10,23 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Container, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
 
 from binder.engine.launcher import launcher_of, raw_usage
+from binder.engine.ledger_records import Booked, Contribution, Delta, Holding, PodOn, PodsOn, SetKey, Used
+from binder.engine.limits import class_units
 from binder.engine.types import (
-    Budget,
     Cluster,
-    DefaultBudget,
     Device,
     GpuClass,
     Node,
     Phase,
     Pod,
     Vmi,
-    quick_records,
 )
 
-SetKey = tuple[str, str]
-
 _lent = attrgetter("borrowed")
-
-
-def is_raw_key(key: str) -> bool:
-    """A budget key with a ``/`` is a raw resource name; any other key is a class name."""
-    return "/" in key
-
-
-def class_units(
-    members: Iterable[Device], classes: Mapping[str, GpuClass], placed: Container[str] = ()
-) -> dict[str, int]:
-    """The units a set's devices use, per class name and per class resource name: Bound and
-    Lost devices, and the Pending ones named in ``placed`` (a new order counted as if it
-    were placed). Budgets count both keys; one loop for every caller that sums them."""
-    used: dict[str, int] = {}
-    for device in members:
-        if device.phase is Phase.PENDING and device.name not in placed:
-            continue
-        cls = classes.get(device.class_name)
-        if cls is None:
-            continue
-        units = cls.units_per_device
-        used[cls.name] = used.get(cls.name, 0) + units
-        used[cls.resource_name] = used.get(cls.resource_name, 0) + units
-    return used
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """A tenant's effective limits: the smallest limit per key over its budgets.
-
-    ``deny_rest`` is set when the tenant has no budget and ``GPUPLANE_DEFAULT_BUDGET=deny``:
-    every key is then limited to zero.
-    """
-
-    per_key: Mapping[str, int] = field(default_factory=dict)
-    deny_rest: bool = False
-    borrowing: Mapping[str, int] = field(default_factory=dict)
-    """The effective borrowing per limited key named in some budget's ``borrowing``: the
-    smallest over the budgets that limit the key, one limiting it without an entry
-    counting 0. A key not here cannot borrow."""
-
-    @property
-    def unlimited(self) -> bool:
-        """No key is limited: no change can exceed a budget."""
-        return not self.per_key and not self.deny_rest
-
-    def limit(self, key: str) -> int | None:
-        if key in self.per_key:
-            return self.per_key[key]
-        return 0 if self.deny_rest else None
-
-    def remaining(self, key: str, used: int) -> int | None:
-        """Units of ``key`` still allowed after ``used`` (never negative); None: unlimited."""
-        return remaining(self.limit(key), used)
-
-    def allowance(self, key: str) -> int:
-        """Units of ``key`` the tenant may hold beyond its limit by borrowing (0: none)."""
-        return self.borrowing.get(key, 0)
-
-
-def remaining(limit: int | None, used: int) -> int | None:
-    """What a limit leaves after ``used``: ``max(0, limit - used)``, None when unlimited.
-    The catalog, the budget bars and the tenant usage API all show this one number."""
-    return None if limit is None else max(0, limit - used)
-
-
-def effective_limits(budgets: Iterable[Budget], default: DefaultBudget) -> Limits:
-    """Merge a namespace's budgets: the smallest limit per key wins, and likewise the
-    smallest borrowing, where a budget that limits a key without a borrowing entry for it
-    counts 0 (the strictest budget decides, as for limits)."""
-    merged: dict[str, int] = {}
-    budgets = tuple(budgets)
-    for budget in budgets:
-        for key, value in budget.limits.items():
-            merged[key] = min(merged.get(key, value), value)
-    named = {key for budget in budgets for key in budget.borrowing if key in merged}
-    borrowing: dict[str, int] = {}
-    for key in sorted(named):
-        borrowing[key] = min(b.borrowing.get(key, 0) for b in budgets if key in b.limits)
-    return Limits(per_key=merged, deny_rest=not budgets and default is DefaultBudget.DENY, borrowing=borrowing)
-
-
-@dataclass(slots=True)
-class Contribution:
-    """What one set (its devices plus its launcher pods) adds to nodes and to its tenant."""
-
-    booked: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(node, resource) -> units."""
-    used: dict[str, int] = field(default_factory=dict)
-    """key (class name or raw resource) -> units, for the set's tenant."""
-
-
-#: A set's bookings as the ledger keeps them: ((node, resource), units) pairs, the (node,
-#: resource) tuples shared by every set booking that slot.
-Booked = tuple[tuple[tuple[str, str], int], ...]
-#: A set's usage as the ledger keeps it: (key, units) pairs, one tuple shared by every set
-#: that uses the same (most sets of a tenant's kind use one of a few).
-Used = tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """Units of one resource on one node and who books them: a Bound device, or a pod's
-    raw usage for capacity (``launcher`` set when the pod is that VMI's launcher)."""
-
-    resource: str
-    units: int
-    device: Device | None = None
-    pod: Pod | None = None
-    launcher: Vmi | None = None
-
-
-quick_records(Limits, Holding)
-
-#: One pod with raw usage on a node: (pod, its VMI when it is a set's launcher, that set or
-#: the plain pod's capacity, the order holdings tie in).
-PodOn = tuple[Pod, "Vmi | None", "SetKey | Mapping[str, int]", int]
-PodsOn = dict[str, list[PodOn]]
-
-
-@dataclass(slots=True)
-class Delta:
-    """A change of contribution; missing keys read as zero."""
-
-    booked: Counter[tuple[str, str]]
-    used: Counter[str]
 
 
 class Ledger:

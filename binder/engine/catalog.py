@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from binder.engine.accounting import Ledger, effective_limits, ledger_for, remaining
+from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.fit import refuses_new
+from binder.engine.limits import effective_limits, remaining
 from binder.engine.placement import try_order, waiting_resources
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 

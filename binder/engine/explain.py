@@ -19,10 +19,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from binder.engine.accounting import Holding, Ledger, SetKey, effective_limits, ledger_for
+from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
 from binder.engine.fit import budget_refusal, refuses_new, requested_selector_mismatch
+from binder.engine.ledger_records import Holding, SetKey
 from binder.engine.lending import RECLAIM_NOTE
+from binder.engine.limits import effective_limits
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 #: Options ("would fit on X after …") listed per need: enough to act on, short to read.

@@ -13,7 +13,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from binder.engine.accounting import Ledger, Limits, SetKey, is_raw_key
+from binder.engine.accounting import Ledger
 from binder.engine.choices import (
     choices_of,
     disagreement,
@@ -21,6 +21,8 @@ from binder.engine.choices import (
     passed_over,
     reclassed,
 )
+from binder.engine.ledger_records import SetKey
+from binder.engine.limits import Limits, is_raw_key
 from binder.engine.types import (
     Device,
     GpuClass,

@@ -17,9 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from binder.engine.accounting import SetKey, class_units
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed, spec_class
 from binder.engine.fit import borrow_terms, describe_overage, describe_units
+from binder.engine.ledger_records import SetKey
+from binder.engine.limits import class_units
 from binder.engine.pass_choices import ChoosingPass
 from binder.engine.pass_state import REASON_BOUND
 from binder.engine.types import Cluster, Device, Outcome, Phase

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from binder.engine.accounting import SetKey
 from binder.engine.choices import (
     choices_of,
     disagreement,
@@ -21,6 +20,7 @@ from binder.engine.choices import (
     reclassed,
 )
 from binder.engine.fit import describe_units
+from binder.engine.ledger_records import SetKey
 from binder.engine.pass_state import REASON_BOUND, PassState
 from binder.engine.types import (
     Device,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 
-from binder.engine.accounting import Ledger, Limits, SetKey, class_units, effective_limits, ledger_for
+from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.fit import (
     NodeCache,
     _budget_refusal,
@@ -26,6 +26,8 @@ from binder.engine.fit import (
     selector_mismatch,
     untolerated_taint,
 )
+from binder.engine.ledger_records import SetKey
+from binder.engine.limits import Limits, class_units, effective_limits
 from binder.engine.types import (
     Budget,
     Change,

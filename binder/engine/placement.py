@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from binder.engine.accounting import Ledger, SetKey
+from binder.engine.accounting import Ledger
 from binder.engine.choices import (
     disagreement,
     has_alternatives,
@@ -30,6 +30,7 @@ from binder.engine.fit import (
     NodeCache,
     describe_units,
 )
+from binder.engine.ledger_records import SetKey
 from binder.engine.lending import LendingPass
 from binder.engine.pass_state import REASON_BOUND
 from binder.engine.types import (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from binder.engine import effective_limits, ledger_for, tenant_usage
 from binder.engine import types as e
-from binder.engine.accounting import is_raw_key, remaining
+from binder.engine.limits import is_raw_key, remaining
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,9 @@ from django.utils.safestring import SafeString
 
 from binder import apiserver, models
 from binder.engine import types as e
-from binder.engine.accounting import SetKey, ledger_for
+from binder.engine.accounting import ledger_for
 from binder.engine.explain import Explainer, Explanation, Option, explain_sets
+from binder.engine.ledger_records import SetKey
 from binder.engine.preview import NodeAction, title
 from binder.mirror.read import engine_settings, read_cluster, read_rows
 

@@ -35,7 +35,7 @@ from django.core.signals import setting_changed
 
 from binder.engine import Holding, Ledger
 from binder.engine import types as e
-from binder.engine.accounting import PodsOn
+from binder.engine.ledger_records import PodsOn
 from binder.runtime.readmodel import read_model
 
 MAX_AGE_SECONDS = 60.0

@@ -11,8 +11,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from binder.engine.accounting import SetKey
 from binder.engine.explain import Explainer, Explanation
+from binder.engine.ledger_records import SetKey
 from binder.engine.types import Phase
 from binder.reports.explanations import explanation_html
 from gpuplane.staff.snapshot import snapshot

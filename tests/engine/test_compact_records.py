@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 
 from binder.engine import types as e
-from binder.engine.accounting import Holding, Ledger, Limits
+from binder.engine.accounting import Ledger
 from binder.engine.fit import is_settled
 from binder.engine.launcher import RawUsage
+from binder.engine.ledger_records import Holding
+from binder.engine.limits import Limits
 from binder.engine.types import Device, GpuClass, Node, Phase, Pod, Vmi
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

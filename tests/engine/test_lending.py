@@ -9,7 +9,8 @@ from typing import Any
 
 from binder.engine import Cluster, answer_pass, full_pass
 from binder.engine import types as e
-from binder.engine.accounting import effective_limits, ledger_for
+from binder.engine.accounting import ledger_for
+from binder.engine.limits import effective_limits
 from tests.support.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, vmi_obj
 
 A10_CLASS = gpu_class("a10", A10)

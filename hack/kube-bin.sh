@@ -38,17 +38,9 @@ if have_all "$cache" "${TOOLS[@]}"; then
   exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-  for candidate in /usr/local/go/bin /usr/lib/go/bin; do
-    [ -x "$candidate/go" ] && PATH="$candidate:$PATH" && break
-  done
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "kube-bin: the cluster tests need etcd and kube-apiserver: install Go >= 1.26 (https://go.dev/doc/install) or point KUBEBUILDER_ASSETS at envtest's binaries (setup-envtest use 1.37.x)" >&2
-  exit 1
-fi
-
-export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
+# shellcheck source=hack/go-env.sh
+. "$here/go-env.sh"
+need_go "kube-bin: the cluster tests need etcd and kube-apiserver: install Go >= 1.26 (https://go.dev/doc/install) or point KUBEBUILDER_ASSETS at envtest's binaries (setup-envtest use 1.37.x)"
 started=$(date +%s)
 echo "kube-bin: building ${TOOLS[*]} ${KUBE_VERSION} with $(go version | cut -d' ' -f3) into $cache" >&2
 echo "kube-bin: (a cold build takes several minutes on 2 cores: module download, then compile; later runs reuse the Go caches)" >&2

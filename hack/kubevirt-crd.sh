@@ -23,17 +23,9 @@ if [ -s "$crd" ]; then
   exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-  for candidate in /usr/local/go/bin /usr/lib/go/bin; do
-    [ -x "$candidate/go" ] && PATH="$candidate:$PATH" && break
-  done
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "kubevirt-crd: the cluster tests need KubeVirt's VMI CRD, generated from kubevirt.io/kubevirt ${KUBEVIRT_VERSION}: install Go >= 1.26 (https://go.dev/doc/install)" >&2
-  exit 1
-fi
-
-export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
+# shellcheck source=hack/go-env.sh
+. "$here/go-env.sh"
+need_go "kubevirt-crd: the cluster tests need KubeVirt's VMI CRD, generated from kubevirt.io/kubevirt ${KUBEVIRT_VERSION}: install Go >= 1.26 (https://go.dev/doc/install)"
 started=$(date +%s)
 echo "kubevirt-crd: generating the VirtualMachineInstance CRD of kubevirt.io/kubevirt ${KUBEVIRT_VERSION} into $cache" >&2
 cd "$module"

@@ -1,0 +1,18 @@
+# Sourced by the scripts that build Go tools (hack/kube-bin.sh, hack/kubevirt-crd.sh): find the
+# go command (PATH, else where Debian and go.dev's tarball put it) and set the pinned-build
+# environment, or stop with the caller's message saying what needs Go.
+#
+#   need_go "what needs it: install Go >= 1.26 ..."
+need_go() {
+  if ! command -v go >/dev/null 2>&1; then
+    for candidate in /usr/local/go/bin /usr/lib/go/bin; do
+      [ -x "$candidate/go" ] && PATH="$candidate:$PATH" && break
+    done
+  fi
+  if ! command -v go >/dev/null 2>&1; then
+    echo "$1" >&2
+    exit 1
+  fi
+  # The toolchain on this machine, the modules as go.sum pins them, static binaries.
+  export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
+}

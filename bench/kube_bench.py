@@ -31,6 +31,10 @@ Side by side in one run:
     .venv/bin/python bench/kube_bench.py --nodes 1000 --gpus 10000
     .venv/bin/python bench/kube_bench.py --nodes 10000 --gpus 100000
 
+The over-capacity batch leaves orders waiting, older than the VMI phase's Pending orders, which
+the passes then place first (oldest order first) on the fresh nodes meant for them: measure
+Pending VMI creates in a run with ``--skip over``.
+
 Uses a PostgreSQL database of its own (default gpuplane_kube_bench; dropped and made anew) and
 Redis (``GPUPLANE_BENCH_REDIS_URL``).
 """
@@ -327,6 +331,10 @@ class Bench:
                 time.sleep(2)  # the last creates' events, mirrored, may queue one more pass
                 wait_idle(broker, self.prefix, timeout=3600)
                 self.gpuplane_over = self.sets_bound("over", self.over_sizes)
+                self.note(
+                    f"gpuplane: over capacity ({self.args.over:g}× the free units), sets placed",
+                    f"{self.gpuplane_over:,} of {len(self.over_sizes):,}",
+                )
 
     def sets_bound(self, batch: str, sizes: list[int]) -> int:
         query = urllib.parse.urlencode({"labelSelector": f"{BATCH_LABEL}={batch}"})
@@ -441,14 +449,18 @@ class Bench:
                             break
                         time.sleep(1)
                     self.scheduler_over[strategy] = bound - len(pods)
+                    self.note(
+                        f"kube-scheduler ({strategy}): over capacity, pods placed",
+                        f"{bound - len(pods):,} of {len(self.over_sizes):,}",
+                    )
             finally:
                 stop(scheduler)
                 log.close()
             # The next strategy starts from the fleet alone.
-            self.plane.request("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+            self.plane.raw("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0", timeout=600)
             while self.plane.request("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")["items"]:
                 time.sleep(0.5)
-        self.plane.request("DELETE", "/api/v1/namespaces/fleet/pods?gracePeriodSeconds=0")
+        self.plane.raw("DELETE", "/api/v1/namespaces/fleet/pods?gracePeriodSeconds=0", timeout=600)
 
     # -- VMI creates ----------------------------------------------------------------------------
 

@@ -61,6 +61,18 @@ def vacuum_analyze(url: str) -> float:
     return time.perf_counter() - clock
 
 
+def drop_database(url: str) -> None:
+    """Drop the database ``url`` names (closing this process's connections first)."""
+    import psycopg
+    from django.db import connections
+    from psycopg import sql
+
+    connections.close_all()
+    admin = urlparse(url)._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database_name(url))))
+
+
 def setup_django(url: str, migrate: bool) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ["GPUPLANE_AUTO_PASS"] = "false"  # noqa: S105 (not a password) the bench runs every pass itself

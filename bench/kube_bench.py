@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, database_name, ensure_database, pct, setup_django, wait_idle
+from common import ROOT, drop_database, ensure_database, pct, setup_django, wait_idle
 from servers import REDIS_URL, free_port, start_celery, stop
 
 sys.path.insert(0, str(ROOT))
@@ -105,15 +105,6 @@ def in_parallel(threads: int, calls: list[Callable[[], Any]]) -> float:
         for future in [pool.submit(call) for call in calls]:
             future.result()
     return time.perf_counter() - started
-
-
-def drop_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database_name(url))))
 
 
 def proc_rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -62,9 +62,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from common import database_name, ensure_database, pct, setup_django, wait_idle
+from common import database_name, drop_database, ensure_database, pct, setup_django, wait_idle
 from servers import REDIS_URL, child_env, start_celery, start_server, stop
 from synth import SIZE_WEIGHTS, SIZES, bound_bodies, generate, generous_tenants, insert_sets
 
@@ -650,17 +649,6 @@ def generation_args(args: argparse.Namespace) -> argparse.Namespace:
         loader="copy",
         seed=args.seed,
     )
-
-
-def drop_database(url: str) -> None:
-    import psycopg
-    from django.db import connections
-    from psycopg import sql
-
-    connections.close_all()
-    admin = urlparse(url)._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database_name(url))))
 
 
 def main() -> None:

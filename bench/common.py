@@ -175,23 +175,29 @@ def pct(values: Sequence[float], p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
-def rss_mib() -> float:
-    """This process's resident memory now (VmRSS), in MiB: what a step holds after it ran."""
-    with open("/proc/self/status") as status:
+def _status_mib(field: str, pid: int | str) -> float | None:
+    """One memory line of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``) in MiB; None if absent."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
-    return 0.0
+    return None
 
 
-def peak_rss_mib() -> float:
-    """Peak RSS of this process image: VmHWM, which exec resets (Linux keeps ru_maxrss of the
-    parent across fork and exec, so a child spawned by a big parent would report the parent's)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def rss_mib(pid: int | str = "self") -> float:
+    """A process's resident memory now (VmRSS), in MiB (this one by default): what a step
+    holds after it ran."""
+    return _status_mib("VmRSS", pid) or 0.0
+
+
+def peak_rss_mib(pid: int | str = "self") -> float:
+    """Peak RSS of a process image (this one by default): VmHWM, which exec resets (Linux keeps
+    ru_maxrss of the parent across fork and exec, so a child spawned by a big parent would
+    report the parent's)."""
+    peak = _status_mib("VmHWM", pid)
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else 0.0
 
 
 def lock_held_elsewhere() -> bool:

@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, drop_database, ensure_database, pct, setup_django, wait_idle
+from common import ROOT, drop_database, ensure_database, pct, peak_rss_mib, rss_mib, setup_django, wait_idle
 from servers import REDIS_URL, free_port, start_celery, stop
 
 sys.path.insert(0, str(ROOT))
@@ -105,14 +105,6 @@ def in_parallel(threads: int, calls: list[Callable[[], Any]]) -> float:
         for future in [pool.submit(call) for call in calls]:
             future.result()
     return time.perf_counter() - started
-
-
-def proc_rss_mib(pid: int, field: str = "VmRSS") -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -259,7 +251,7 @@ class Bench:
                 self.note(
                     "sync: first list of every kind into the mirror",
                     f"{time.perf_counter() - started:.1f} s for {want_gpus:,} GPUs and {want_nodes:,} nodes; "
-                    f"RSS {proc_rss_mib(syncing.pid):,.0f} MiB (peak {proc_rss_mib(syncing.pid, 'VmHWM'):,.0f})",
+                    f"RSS {rss_mib(syncing.pid):,.0f} MiB (peak {peak_rss_mib(syncing.pid):,.0f})",
                 )
             yield syncing
         finally:
@@ -280,7 +272,7 @@ class Bench:
         used = proc_cpu_seconds(process.pid) - before
         self.note(
             "sync: CPU while idle (watching only)",
-            f"{used / seconds * 100:.1f} % of a core over {seconds:.0f} s; RSS {proc_rss_mib(process.pid):,.0f} MiB",
+            f"{used / seconds * 100:.1f} % of a core over {seconds:.0f} s; RSS {rss_mib(process.pid):,.0f} MiB",
         )
 
     def until_bound(self, batch: str, expected: int, timeout: float = 3600) -> None:

@@ -62,9 +62,9 @@ from binder.mirror.write import (
 
 log = logging.getLogger(__name__)
 
-#: Kinds in the order the first list goes: namespaces before what lives in them.
 #: How often a kind's events put aside (their rows held by a pass) are applied.
 DEFERRED_RETRY_SECONDS = 0.2
+#: Kinds in the order the first list goes: namespaces before what lives in them.
 SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
 
 
@@ -228,6 +228,12 @@ class KindSync:
         try:
             if batch:
                 mirror_objects(self.kind, list(batch.values()))
+        except BaseException:
+            # Not applied: back in line for the next try, behind any newer event of the object.
+            with self._held:
+                for key, obj in batch.items():
+                    self._deferred.setdefault(key, obj)
+            raise
         finally:
             with self._held:
                 self._applying.difference_update(batch)
@@ -237,8 +243,8 @@ class KindSync:
         while not self.stop.wait(DEFERRED_RETRY_SECONDS):
             try:
                 self.apply_deferred()
-            except Exception as exc:  # noqa: BLE001 - the kind's next relist brings any object lost here
-                log.warning("sync: %s events put aside not applied: %s", self.kind, describe(exc))
+            except Exception as exc:  # noqa: BLE001 - kept for the next try (apply_deferred)
+                log.warning("sync: %s events put aside not applied yet: %s", self.kind, describe(exc))
                 close_old_connections()
         connection.close()
 

@@ -167,8 +167,7 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     decided = state.records["GPU"]
     object_ids = [state.device_ids[d.key] for d in result.devices if d.key in state.device_ids]
     current = _locked_devices(object_ids, state)
-    to_write: list[e.Device] = []
-    versions: list[str] = []
+    to_write: list[tuple[e.Device, str]] = []  # each with the version it is written against
     for device in result.devices:
         object_id = state.device_ids.get(device.key)
         if object_id is None:
@@ -179,12 +178,9 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
             # next pass decides from the newer row (its feed entry is there).
             writes.failed += 1
             continue
-        to_write.append(device)
-        versions.append(row[0])
-    landed = writes.patch_many(
-        "GPU", [(d.namespace, d.name, device_status(d), v) for d, v in zip(to_write, versions, strict=True)]
-    )
-    written = [device for device, ok in zip(to_write, landed, strict=True) if ok]
+        to_write.append((device, row[0]))
+    landed = writes.patch_many("GPU", [(d.namespace, d.name, device_status(d), v) for d, v in to_write])
+    written = [device for (device, _), ok in zip(to_write, landed, strict=True) if ok]
     writes.mirror("GPU")
     keys = {d.key for d in written}
     classes, budgets, failed = _write_class_and_budget_status(result)

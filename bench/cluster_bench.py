@@ -327,7 +327,14 @@ def main() -> None:
         type=float,
         default=None,
         help="the lending run: steady pass, pass after 1 changed set and the --orders pass, without lending and "
-        "then with this share of tenants borrowing, side by side (no other measure)",
+        "with this share of tenants borrowing, side by side (no other measure)",
+    )
+    parser.add_argument(
+        "--lending-rounds",
+        type=int,
+        default=2,
+        help="lending run: rounds of both runs, in the order without, with, with, without, ... (each run's "
+        "figures pooled), so a drift of the machine or the database during the run weighs on both alike",
     )
     parser.add_argument("--child", choices=("full", "answer", "passes"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -437,9 +444,19 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
     from binder.runtime.state import STATE
 
     out: dict[str, Any] = {}
-    for label, share in (("without", 0.0), ("with", args.lending_share)):
+    # ABBA: without, with, with, without, ... Each run is a fresh child from its own state,
+    # but the database (its caches, autovacuum, checkpoints) drifts over the minutes of the
+    # run, which in one order only read as lending's cost (1.47x on the steady pass, in
+    # a run where the same passes in-process differed by 2 %).
+    order = [
+        label for i in range(max(1, args.lending_rounds)) for label in (("without", "with"), ("with", "without"))[i % 2]
+    ]
+    for round_, label in enumerate(order):
+        share = args.lending_share if label == "with" else 0.0
         rng = random.Random(args.seed + 4)
-        task = progress.add_task(f"lending {label}: prime, steady and 1 set, orders", total=4)
+        task = progress.add_task(
+            f"lending {label} ({round_ + 1}/{len(order)}): prime, steady and 1 set, orders", total=4
+        )
         delete_bench_sets()
         row: dict[str, Any] = {"lent": lend(share, args.seed)}
         prime, run = timed_pass("full")
@@ -462,7 +479,20 @@ def measure_lending(args: argparse.Namespace, figures: dict[str, Any], progress:
         row["orders"] = child_result(child_pass(args, "full"))
         row["orders_borrowed"] = models.GpuDevice.objects.filter(borrowed=True, vm_name__startswith="order").count()
         progress.advance(task)
-        out[label] = row
+        out.setdefault("rounds", []).append({"label": label, **row})
+        pooled = out.setdefault(label, {"lent": row["lent"], "borrowed_devices": row["borrowed_devices"]})
+        for key in ("steady", "steady_cpu", "one_set", "one_set_cpu"):
+            pooled.setdefault(key, []).extend(row[key])
+        pooled.setdefault("orders_runs", []).append(row["orders"])
+        pooled["orders_borrowed"] = row["orders_borrowed"]
+    for pooled in (out["without"], out["with"]):
+        runs = pooled.pop("orders_runs")
+        pooled["orders"] = {
+            **runs[-1],
+            "duration": statistics.median(r["duration"] for r in runs),
+            "cpu": statistics.median(r["cpu"] for r in runs),
+            "durations": [r["duration"] for r in runs],
+        }
     delete_bench_sets()
     lend(0.0, args.seed)
     timed_pass("full")
@@ -483,8 +513,8 @@ def report_lending(args: argparse.Namespace, f: dict[str, Any]) -> None:
          statistics.median(lent["steady"]) * ms, "ms"),
         (f"pass after 1 changed set, median of {len(without['one_set'])}",
          statistics.median(without["one_set"]) * ms, statistics.median(lent["one_set"]) * ms, "ms"),
-        (f"{args.orders:,} new orders in one pass (fresh worker)", without["orders"]["duration"],
-         lent["orders"]["duration"], "s"),
+        (f"{args.orders:,} new orders in one pass (fresh worker), median of {len(without['orders']['durations'])}",
+         without["orders"]["duration"], lent["orders"]["duration"], "s"),
     ]  # fmt: skip
     print(
         "| measure | without lending | 30 % of tenants borrowing | ratio |".replace(
@@ -502,8 +532,8 @@ def report_lending(args: argparse.Namespace, f: dict[str, Any]) -> None:
          statistics.median(lent["steady_cpu"]) * ms, "ms"),
         (f"pass after 1 changed set, median of {len(without['one_set'])}",
          statistics.median(without["one_set_cpu"]) * ms, statistics.median(lent["one_set_cpu"]) * ms, "ms"),
-        (f"{args.orders:,} new orders in one pass (fresh worker)", without["orders"]["cpu"], lent["orders"]["cpu"],
-         "s"),
+        (f"{args.orders:,} new orders in one pass (fresh worker), median of {len(without['orders']['durations'])}",
+         without["orders"]["cpu"], lent["orders"]["cpu"], "s"),
     ]  # fmt: skip
     print("\nThe worker's CPU time in the same passes (PostgreSQL's left out):\n")
     print("| measure (worker CPU) | without lending | with lending | ratio |")

@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.db import close_old_connections, connection
@@ -68,13 +69,15 @@ DEFERRED_RETRY_SECONDS = 0.2
 SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
 
 
-def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
-    """Put gpuplane's finalizer on a GPU or GPUClass that lacks it.
+def add_finalizers(kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
+    """Put gpuplane's finalizer on each GPU or GPUClass of ``objects`` that lacks it.
 
-    Written with the object's resourceVersion: on a conflict the object changed and
-    its next event brings it back here. The object the write returned is mirrored at
-    once (only its version moved): the binder's next status write then has the current
-    version as its precondition instead of meeting a 409 until the event arrives.
+    Each write carries its object's resourceVersion: on a conflict the object changed and
+    its next event brings it back here. The writes go out several at once
+    (``kube_client.each_in_flight``), and the objects they returned are mirrored at once in
+    one transaction (only their versions moved): the binder's next status write then has
+    the current version as its precondition instead of meeting a 409 until the event
+    arrives.
 
     A refused write is classified by ``binder.errors`` like every other API call: a
     transient one waits for the object's next event; a permanent one (403 from RBAC
@@ -83,24 +86,37 @@ def add_finalizer(kind: str, obj: Mapping[str, Any]) -> None:
     would fail the whole list on every retry, so one object's refusal would stop the
     kind being mirrored at all.
     """
-    finalizers = kube_client.with_finalizer(obj)
-    if finalizers is None or kind not in RELEASED_BY_BINDER:
+    if kind not in RELEASED_BY_BINDER:
         return
-    meta = obj.get("metadata") or {}
-    name = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else str(meta.get("name"))
-    try:
-        stored = apiserver.api().set_finalizers(
-            kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
-        )
-    except Exception as exc:  # noqa: BLE001 - classified by binder.errors; one object never stops the sync
-        if is_transient(exc):
-            log.info("sync: finalizer on %s %s left for its next event: %s", kind, name, describe(exc))
-            return
-        log.error("sync: finalizer on %s %s refused (%s, permanent)", kind, name, describe(exc))
-        record_status(kind, last_error=f"finalizer on {name}: {describe(exc)}"[:500], add={"errors": 1})
+    wanted = [(obj, finalizers) for obj in objects if (finalizers := kube_client.with_finalizer(obj)) is not None]
+    if not wanted:
         return
-    # Not waited for when a pass holds the row: the finalizer's watch event brings it anyway.
-    mirror_objects(kind, [stored], queue=False, defer_held=True)
+    api = apiserver.api()
+
+    def write(item: tuple[Mapping[str, Any], list[str]]) -> dict[str, Any] | Exception:
+        obj, finalizers = item
+        meta = obj.get("metadata") or {}
+        try:
+            return api.set_finalizers(
+                kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
+            )
+        except Exception as exc:  # noqa: BLE001 - classified below; one object never stops the sync
+            return exc
+
+    stored = []
+    for (obj, _), outcome in zip(wanted, kube_client.each_in_flight(write, wanted), strict=True):
+        if not isinstance(outcome, Exception):
+            stored.append(outcome)
+            continue
+        name = "/".join(part for part in object_key(kind, obj) if part)
+        if is_transient(outcome):
+            log.info("sync: finalizer on %s %s left for its next event: %s", kind, name, describe(outcome))
+            continue
+        log.error("sync: finalizer on %s %s refused (%s, permanent)", kind, name, describe(outcome))
+        record_status(kind, last_error=f"finalizer on {name}: {describe(outcome)}"[:500], add={"errors": 1})
+    if stored:
+        # Not waited for where a pass holds the row: the finalizer's watch event brings it anyway.
+        mirror_objects(kind, stored, queue=False, defer_held=True)
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -116,6 +132,83 @@ def record_status(kind: str, *, add: Mapping[str, int] | None = None, **values: 
 
 
 # -- the loop -------------------------------------------------------------------------------
+
+
+#: The most watch events mirrored in one transaction.
+WATCH_BATCH = 500
+#: A watch event as the stream's reader received it: type, object, ``time.monotonic()``.
+Event = tuple[str, Mapping[str, Any], float]
+
+
+class WatchStream:
+    """One watch's events, read on a thread of their own into a bounded queue.
+
+    The reader only parses (no database); :meth:`batches` hands the consumer everything
+    that has arrived, so the consumer's transactions grow with the backlog instead of the
+    backlog growing behind one transaction per event. The queue is bounded: a consumer
+    that falls far behind slows the reader, and the API server buffers the rest (or ends
+    the watch, which is then resumed from the last version applied). The reader's
+    failure (410 Gone, a broken stream) reaches the consumer after the events read before
+    it, so they are applied first.
+    """
+
+    _END = "END"
+
+    def __init__(self, kind: str, events: Iterator[tuple[str, dict[str, Any]]]) -> None:
+        self._queue: queue.Queue[tuple[str, Any, float]] = queue.Queue(maxsize=WATCH_BATCH * 4)
+        self._closed = threading.Event()
+        threading.Thread(target=self._read, args=(events,), name=f"sync-{kind}-watch", daemon=True).start()
+
+    def _put(self, item: tuple[str, Any, float]) -> None:
+        while not self._closed.is_set():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.5)
+                return
+
+    def _read(self, events: Iterator[tuple[str, dict[str, Any]]]) -> None:
+        failure: BaseException | None = None
+        try:
+            for event_type, obj in events:
+                self._put((event_type, obj, time.monotonic()))
+                if self._closed.is_set():
+                    return  # the consumer left; the stream ends at the watch's own timeout
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            failure = exc
+        self._put((self._END, failure, time.monotonic()))
+
+    def batches(self, stop: threading.Event) -> Iterator[list[Event]]:
+        """Batches of the events received, each at most :data:`WATCH_BATCH`, until the
+        watch ends (or raises) or ``stop`` is set (checked every half second while idle)."""
+        while not stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            batch: list[Event] = []
+            while True:
+                if item[0] == self._END:
+                    if batch:
+                        yield batch
+                    if item[1] is not None:
+                        raise item[1]
+                    return
+                batch.append(item)
+                if len(batch) >= WATCH_BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            yield batch
+
+    @property
+    def backlog(self) -> int:
+        """Events received and not yet handed to the consumer."""
+        return self._queue.qsize()
+
+    def close(self) -> None:
+        """Stop taking events: the reader drops what still comes and ends with the watch."""
+        self._closed.set()
 
 
 class KindSync:
@@ -145,8 +238,7 @@ class KindSync:
     def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
         listing = apiserver.api().list(self.kind)
         applied = mirror_list(self.kind, listing.items, progress, list_version=listing.resource_version)
-        for obj in listing.items:
-            add_finalizer(self.kind, obj)
+        add_finalizers(self.kind, listing.items)
         self.resource_version = listing.resource_version
         record_status(
             self.kind,
@@ -168,56 +260,108 @@ class KindSync:
         return applied
 
     def watch_until(self, deadline: float) -> None:
-        """Watch from the current version until ``deadline``, ``stop``, or a 410."""
+        """Watch from the current version until ``deadline``, ``stop``, or a 410.
+
+        The stream is read on a thread of its own (:class:`WatchStream`) while this one
+        mirrors: the events that arrive while a batch is being written wait in line and go
+        into the next batch, one transaction and one ``SyncStatus`` update for all of them
+        (:meth:`apply_events`). A quiet cluster gets each event on its own, at once; a busy
+        one (thousands of GPUs created, a pass's status writes coming back) gets batches as
+        large as the backlog, up to :data:`WATCH_BATCH`."""
         while not self.stop.is_set() and time.monotonic() < deadline:
             timeout = max(1, min(self.watch_seconds, int(deadline - time.monotonic()) + 1))
-            for event_type, obj in apiserver.api().watch(self.kind, self.resource_version, timeout):
-                received = time.monotonic()
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or self.resource_version)
-                if event_type == "BOOKMARK":
-                    self.resource_version = version
-                    continue
-                if event_type == "ERROR":
-                    raise kube_client.Gone(str(obj))
-                applied = self.apply(event_type, obj)
-                if event_type != "DELETED":
-                    add_finalizer(self.kind, obj)
-                self.resource_version = version
-                lag = time.monotonic() - received
-                record_status(
-                    self.kind,
-                    resource_version=version,
-                    last_event_at=timezone.now(),
-                    lag_seconds=lag,
-                    add={"events": 1, "invalid": applied.invalid, "stale": applied.stale},
-                    **({"last_invalid": applied.last_invalid} if applied.last_invalid else {}),
-                )
-                if self.stop.is_set():
-                    break
+            stream = WatchStream(self.kind, apiserver.api().watch(self.kind, self.resource_version, timeout))
+            try:
+                for batch in stream.batches(self.stop):
+                    self.apply_events(batch)
+                    if self.stop.is_set():
+                        break
+            finally:
+                stream.close()
         self.apply_deferred()
 
-    def apply(self, event_type: str, obj: Mapping[str, Any]) -> Applied:
-        """One watch event into the mirror, never waiting for a pass: an object whose row a
-        pass holds (most often the echo of that pass's own status write, which the pass
-        mirrors itself) is put aside for :meth:`apply_deferred`, and so is every later
-        event of that object until then, so each object's events still land in order. A
-        deletion waits for its object's deferred event, then always applies."""
-        key = object_key(self.kind, obj)
-        if event_type == "DELETED":
-            with self._held:
-                self._deferred.pop(key, None)
-                while key in self._applying:
-                    self._held.wait(1)
-            return mirror_event(self.kind, event_type, obj)
+    def apply_events(self, events: Sequence[Event]) -> None:
+        """A batch of watch events into the mirror, in order, and its progress recorded.
+
+        Between deletions, each object's latest event stands for its earlier ones (the row
+        ends as the latest says either way), and all of them are written by one
+        :meth:`apply`. A deletion is applied on its own, after what came before it. Then
+        the finalizers the batch's GPUs and classes lack are written, the resourceVersion
+        moves to the batch's last event, and ``SyncStatus`` counts the batch: its events,
+        the lag from receiving the first of them to the commit."""
+        version = self.resource_version
+        latest: dict[tuple[str, str], Mapping[str, Any]] = {}
+        finalize: dict[tuple[str, str], Mapping[str, Any]] = {}
+        count = invalid = stale = 0
+        last_invalid = ""
+
+        def add(applied: Applied) -> None:
+            nonlocal invalid, stale, last_invalid
+            invalid += applied.invalid
+            stale += applied.stale
+            last_invalid = applied.last_invalid or last_invalid
+
+        for event_type, obj, _ in events:
+            if event_type == "ERROR":
+                add(self.apply(list(latest.values())))
+                raise kube_client.Gone(str(obj))
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if event_type == "BOOKMARK":
+                continue
+            count += 1
+            key = object_key(self.kind, obj)
+            if event_type == "DELETED":
+                add(self.apply(list(latest.values())))
+                latest.clear()
+                finalize.pop(key, None)
+                add(self.delete(obj))
+            else:
+                latest[key] = finalize[key] = obj
+        add(self.apply(list(latest.values())))
+        add_finalizers(self.kind, list(finalize.values()))
+        self.resource_version = version
+        if not count:
+            return
+        record_status(
+            self.kind,
+            resource_version=version,
+            last_event_at=timezone.now(),
+            lag_seconds=time.monotonic() - events[0][2],
+            add={"events": count, "invalid": invalid, "stale": stale},
+            **({"last_invalid": last_invalid} if last_invalid else {}),
+        )
+
+    def apply(self, objects: Sequence[Mapping[str, Any]]) -> Applied:
+        """Added or modified objects into the mirror in one transaction, never waiting for a
+        pass: an object whose row a pass holds (most often the echo of that pass's own
+        status write, which the pass mirrors itself) is put aside for
+        :meth:`apply_deferred`, and so is every later event of that object until then, so
+        each object's events still land in order."""
+        if not objects:
+            return Applied()
+        now: list[Mapping[str, Any]] = []
         with self._held:
-            if key in self._deferred or key in self._applying:
-                self._deferred[key] = obj
-                return Applied()
-        applied = mirror_objects(self.kind, [obj], defer_held=True)
+            for obj in objects:
+                key = object_key(self.kind, obj)
+                if key in self._deferred or key in self._applying:
+                    self._deferred[key] = obj
+                else:
+                    now.append(obj)
+        applied = mirror_objects(self.kind, now, defer_held=True)
         if applied.deferred:
             with self._held:
-                self._deferred[key] = obj
+                for obj in applied.deferred:
+                    self._deferred[object_key(self.kind, obj)] = obj
         return applied
+
+    def delete(self, obj: Mapping[str, Any]) -> Applied:
+        """A deletion: it waits for its object's deferred event, then always applies."""
+        key = object_key(self.kind, obj)
+        with self._held:
+            self._deferred.pop(key, None)
+            while key in self._applying:
+                self._held.wait(1)
+        return mirror_event(self.kind, "DELETED", obj)
 
     def apply_deferred(self) -> None:
         """Apply the events put aside, waiting for the rows this time (the retry thread

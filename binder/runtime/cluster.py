@@ -32,7 +32,6 @@ standalone mode, from the worker's in-memory state brought current from the chan
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -71,10 +70,6 @@ def device_status(device: e.Device) -> dict[str, Any]:
     }
 
 
-#: Status writes a pass keeps in flight at once (within the client's connection pool).
-STATUS_WRITERS = 8
-
-
 def _conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
 
@@ -92,12 +87,9 @@ class _Writes:
         return self.patch_many(kind, [(namespace, name, status, version)])[0]
 
     def patch_many(self, kind: str, writes: Sequence[tuple[str, str, Mapping[str, Any], str]]) -> list[bool]:
-        """Status writes of ``(namespace, name, status, version)``, up to :data:`STATUS_WRITERS`
-        in flight at once; whether each landed, in order. The apiserver serves requests in
-        parallel, so a pass binding thousands of devices waits for the slowest of a few
-        round trips at a time, not for the sum of them all, and holds its row locks that
-        much shorter. Only the HTTP calls run on the pool's threads; the bookkeeping (and
-        every database access) stays on the pass's own."""
+        """Status writes of ``(namespace, name, status, version)``, several in flight at once
+        (``kube_client.each_in_flight``), so a pass binding thousands of devices holds its
+        row locks that much shorter; whether each landed, in order."""
         api = apiserver.api()
 
         def call(write: tuple[str, str, Mapping[str, Any], str]) -> dict[str, Any] | BaseException | None:
@@ -109,11 +101,7 @@ class _Writes:
             except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
                 return exc
 
-        if len(writes) > 1:
-            with concurrent.futures.ThreadPoolExecutor(min(STATUS_WRITERS, len(writes))) as pool:
-                outcomes = list(pool.map(call, writes))
-        else:
-            outcomes = [call(w) for w in writes]
+        outcomes = kube_client.each_in_flight(call, writes)
         return [self._landed(kind, w[0], w[1], o) for w, o in zip(writes, outcomes, strict=True)]
 
     def _landed(self, kind: str, namespace: str, name: str, outcome: dict[str, Any] | BaseException | None) -> bool:

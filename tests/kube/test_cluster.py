@@ -300,7 +300,9 @@ def test_late_watch_events_and_a_relist_older_than_the_row_are_ignored(
     # event stood for its earlier ones; none was newer than its row, so nothing moved back.
     assert models.SyncStatus.objects.get(kind="GPU").events >= held["MODIFIED"]
     mirrored = dict(models.GpuDevice.objects.values_list("name", "resource_version"))
-    assert mirrored == {g["metadata"]["name"]: g["metadata"]["resourceVersion"] for g in cluster_gpus(apiserver).values()}
+    assert mirrored == {
+        g["metadata"]["name"]: g["metadata"]["resourceVersion"] for g in cluster_gpus(apiserver).values()
+    }
     # A deletion is applied whatever the row holds: a DELETED event carries the last version.
     assert mirror_event("GPU", "DELETED", stale).deleted == 1
     assert ("t1", "a-gpu1") not in mirrored_devices()

@@ -62,15 +62,21 @@ def vacuum_analyze(url: str) -> float:
 
 
 def drop_database(url: str) -> None:
-    """Drop the database ``url`` names (closing this process's connections first)."""
+    """Drop the bench database ``url`` names (never one of :data:`FORBIDDEN_DATABASES`),
+    closing this process's connections first if Django is set up already."""
     import psycopg
+    from django.conf import settings
     from django.db import connections
     from psycopg import sql
 
-    connections.close_all()
+    name = database_name(url)
+    if not name or name in FORBIDDEN_DATABASES:
+        raise SystemExit(f"refusing to drop database {name!r}: give a dedicated one, e.g. {DEFAULT_URL}")
+    if settings.configured:
+        connections.close_all()
     admin = urlparse(url)._replace(path="/postgres").geturl()
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database_name(url))))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def setup_django(url: str, migrate: bool) -> None:

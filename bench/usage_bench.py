@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
-from common import FORBIDDEN_DATABASES, database_name, pct, setup_django
+from common import FORBIDDEN_DATABASES, database_name, drop_database, pct, setup_django
 from servers import start_server, stop
 from synth import CLASSES, NODE_SELECTOR, node_labels
 
@@ -92,16 +92,6 @@ def recreate_database(url: str) -> None:
     with psycopg.connect(admin_url(url), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def drop_database(url: str) -> None:
-    import psycopg
-    from django.db import connections
-    from psycopg import sql
-
-    connections.close_all()
-    with psycopg.connect(admin_url(url), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(check_name(url))))
 
 
 # -- generation --------------------------------------------------------------------------------

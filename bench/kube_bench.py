@@ -25,8 +25,10 @@ Side by side in one run:
   its default (LeastAllocated).
 * **VMI create → admitted**, measured from the client: the webhook server (TLS, the
   apiserver's token checked) registered from deploy/; VMIs naming Bound sets, then the same
-  with the webhook unregistered; VMIs naming Pending sets (the sync queueing no pass, so the
-  webhook's bind-and-wait does the work), one creator and ``--creators`` at once.
+  with the webhook unregistered; VMIs naming Pending sets (the sync queueing no pass and the
+  worker running no full pass after its answer passes, so every set is still Pending when its
+  VMI's create starts and the webhook's bind-and-wait does the work), one creator and
+  ``--creators`` at once.
 
     .venv/bin/python bench/kube_bench.py --nodes 1000 --gpus 10000
     .venv/bin/python bench/kube_bench.py --nodes 10000 --gpus 100000
@@ -224,12 +226,12 @@ class Bench:
     # -- gpuplane -------------------------------------------------------------------------------
 
     @contextmanager
-    def gpuplane(self, *, auto_pass: bool, label: str) -> Iterator[subprocess.Popen[Any]]:
-        """The sync and a binder worker as processes; yields the sync once its first list
-        is mirrored (timed, with its RSS)."""
+    def gpuplane(self, *, auto_pass: bool, label: str, **settings: str) -> Iterator[subprocess.Popen[Any]]:
+        """The sync and a binder worker as processes (``settings``: more of their environment);
+        yields the sync once its first list is mirrored (timed, with its RSS)."""
         from binder import models
 
-        extra = {"GPUPLANE_AUTO_PASS": "true" if auto_pass else "false"}
+        extra = {"GPUPLANE_AUTO_PASS": "true" if auto_pass else "false", **settings}
         worker = start_celery(
             ["--pool", "solo", "-n", f"kube-bench-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
              "--without-heartbeat"],
@@ -502,7 +504,12 @@ class Bench:
             [sys.executable, "deploy/webhook_server.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
-            with self.gpuplane(auto_pass=False, label="restart") as _syncing:
+            # No full pass in this phase: one after an answer pass (1 s later, by default) would
+            # place every Pending set still waiting, and the VMIs after it would name Bound sets.
+            # So each Pending VMI's set is still Pending when its create starts, and its answer
+            # pass (beside the other creators') is what the create waits for.
+            quiet = {"GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS": "60", "GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS": "600"}
+            with self.gpuplane(auto_pass=False, label="restart", **quiet) as _syncing:
                 import socket
 
                 deadline = time.monotonic() + 60

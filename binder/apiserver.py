@@ -11,7 +11,7 @@ from functools import cache
 from django.conf import settings
 from kubernetes import client, config
 
-from binder.kube.client import KubeApi
+from binder.kube.client import WRITERS, KubeApi
 
 _override: KubeApi | None = None
 
@@ -35,6 +35,11 @@ def connect() -> KubeApi:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)
+    # Kept connections: the client's default (5 per CPU) is below what one process has in
+    # flight: a webhook server's threads, each writing a set's annotations several at once
+    # (``kube_client.WRITERS``), or a pass's status writes beside the sync's. A connection
+    # beyond the pool is opened and then dropped, paying a TLS handshake per call.
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 4 * WRITERS)
     return KubeApi(client.ApiClient(configuration))
 
 

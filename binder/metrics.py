@@ -102,7 +102,7 @@ class DatabaseCollector(Collector):
             return
         lag = GaugeMetricFamily(
             "gpuplane_sync_lag_seconds",
-            "Last watch event's lag from receipt to its mirror row committed, per kind.",
+            "Last batch of watch events' lag, first event's receipt to the rows committed, per kind.",
             labels=["kind"],
         )
         events = CounterMetricFamily("gpuplane_sync_events", "Watch events applied to the mirror.", labels=["kind"])

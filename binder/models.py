@@ -428,7 +428,7 @@ class SyncStatus(models.Model):
     """How ``sync_cluster`` is doing for one kind (cluster mode), for staff and ``/metrics``.
 
     The sync runs in its own process; this row is how the web processes learn the
-    version it follows, how fresh the mirror is (the last event's lag from receipt to
+    version it follows, how fresh the mirror is (the last batch's lag from its first event's receipt to
     commit), and how often it had to list again or failed.
     """
 

@@ -4,7 +4,8 @@ The mirror (``binder.models``) is what the admin, the API, the webhook's advisor
 check and the catalog read, so in cluster mode it must follow the cluster closely.
 Each mirrored kind runs the loop every Kubernetes controller runs (client-go's
 reflector, kopf's watcher): **list** everything and replace that kind's rows with it,
-then **watch** from the list's resourceVersion and apply each event; on **410 Gone**
+then **watch** from the list's resourceVersion and apply its events (in batches: what
+arrived while the last batch was being written goes in one transaction); on **410 Gone**
 (the version was compacted away) list again; and list again every
 ``GPUPLANE_RELIST_SECONDS`` anyway, so an event lost in transit is repaired. Every
 change queues a full pass (collapsed, ``binder.tasks``).

@@ -82,10 +82,6 @@ class _Writes:
     refetch: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     failed: int = 0
 
-    def patch(self, kind: str, namespace: str, name: str, status: Mapping[str, Any], version: str) -> bool:
-        """One status write; True if it landed (a 409 queues a GET of the object)."""
-        return self.patch_many(kind, [(namespace, name, status, version)])[0]
-
     def patch_many(self, kind: str, writes: Sequence[tuple[str, str, Mapping[str, Any], str]]) -> list[bool]:
         """Status writes of ``(namespace, name, status, version)``, several in flight at once
         (``kube_client.each_in_flight``), so a pass binding thousands of devices holds its
@@ -205,49 +201,69 @@ def _write_class_and_budget_status(
     result: PassResult,
 ) -> tuple[dict[str, e.ClassStatus], dict[tuple[str, str], Mapping[str, int]], int]:
     """Write the status of classes and budgets whose rows hold another; return the
-    statuses the mirror may record (written or already there) and the failures."""
+    statuses the mirror may record (written or already there) and the failures. A pass
+    binding sets for many tenants changes many budgets: they go out several at once, as
+    the devices' statuses do."""
     class_writes, budget_writes = _Writes(), _Writes()
-    classes: dict[str, e.ClassStatus] = {}
+    classes = _write_classes(result, class_writes)
+    budgets = _write_budgets(result, budget_writes)
+    class_writes.mirror("GPUClass")
+    budget_writes.mirror("GPUBudget")
+    return classes, budgets, class_writes.failed + budget_writes.failed
+
+
+def _write_classes(result: PassResult, writes: _Writes) -> dict[str, e.ClassStatus]:
     rows = (
         models.GpuClass.objects.select_for_update(skip_locked=True)
         .filter(name__in=list(result.class_status))
         .values_list("name", "resource_version", "status_allocatable", "status_bound", "status_lost")
     )
     current = {name: (version, (a, b, lost)) for name, version, a, b, lost in rows}
+    classes: dict[str, e.ClassStatus] = {}
+    todo: list[tuple[str, e.ClassStatus, str]] = []
     for name, status in result.class_status.items():
         row = current.get(name)
         if row is None:
             continue  # gone, or being written by the sync: the next pass computes it again
         if row[1] == (status.allocatable, status.bound, status.lost):
             classes[name] = status  # unchanged: no write, no event, no pass it would trigger
-            continue
-        body = {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost}
-        if class_writes.patch("GPUClass", "", name, body, row[0]):
+        else:
+            todo.append((name, status, row[0]))
+    bodies = [("", n, {"allocatable": s.allocatable, "bound": s.bound, "lost": s.lost}, v) for n, s, v in todo]
+    for (name, status, _), landed in zip(todo, writes.patch_many("GPUClass", bodies), strict=True):
+        if landed:
             classes[name] = status
+    return classes
+
+
+def _write_budgets(result: PassResult, writes: _Writes) -> dict[tuple[str, str], Mapping[str, int]]:
+    wanted = result.budget_used
     budgets: dict[tuple[str, str], Mapping[str, int]] = {}
-    if result.budget_used:
-        wanted = result.budget_used
-        budget_rows = (
-            models.GpuBudget.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(name__in={name for _, name in wanted}, namespace__name__in={ns for ns, _ in wanted})
-            .values_list("namespace__name", "name", "resource_version", "used")
-        )
-        held = {(ns, name): (version, used) for ns, name, version, used in budget_rows}
-        for key, used in wanted.items():
-            budget = held.get(key)
-            if budget is None:
-                continue
-            if budget[1] == dict(used):
-                budgets[key] = used
-                continue
-            budget_status: dict[str, Any] = {"used": dict(used)}
-            if key in result.budget_borrowed:
-                budget_status["borrowed"] = dict(result.budget_borrowed[key]) or None
-            if budget_writes.patch("GPUBudget", key[0], key[1], budget_status, budget[0]):
-                budgets[key] = used
-    class_writes.mirror("GPUClass")
-    budget_writes.mirror("GPUBudget")
-    return classes, budgets, class_writes.failed + budget_writes.failed
+    if not wanted:
+        return budgets
+    rows = (
+        models.GpuBudget.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(name__in={name for _, name in wanted}, namespace__name__in={ns for ns, _ in wanted})
+        .values_list("namespace__name", "name", "resource_version", "used")
+    )
+    held = {(ns, name): (version, used) for ns, name, version, used in rows}
+    todo: list[tuple[tuple[str, str], Mapping[str, int], dict[str, Any], str]] = []
+    for key, used in wanted.items():
+        budget = held.get(key)
+        if budget is None:
+            continue
+        if budget[1] == dict(used):
+            budgets[key] = used
+            continue
+        body: dict[str, Any] = {"used": dict(used)}
+        if key in result.budget_borrowed:
+            body["borrowed"] = dict(result.budget_borrowed[key]) or None
+        todo.append((key, used, body, budget[0]))
+    bodies = [(key[0], key[1], body, version) for key, _, body, version in todo]
+    for (key, used, _, _), landed in zip(todo, writes.patch_many("GPUBudget", bodies), strict=True):
+        if landed:
+            budgets[key] = used
+    return budgets
 
 
 # -- finalizers ---------------------------------------------------------------------

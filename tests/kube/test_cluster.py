@@ -17,7 +17,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,7 +26,15 @@ from binder import models, sync
 from binder.kube import client as kube_client
 from binder.mirror.write import mirror_event, mirror_list
 from binder.runtime.passes import run_pass
-from tests.support.cluster_mode import GPUS, Follower, cluster_gpus, gpu_lists, mirrored_devices, seed_cluster
+from tests.support.cluster_mode import (
+    GPUS,
+    Follower,
+    cluster_gpus,
+    gpu_lists,
+    mirrored_devices,
+    seed_cluster,
+    wait_for,
+)
 from tests.support.controlplane import UNION_USER, ControlPlane
 from tests.support.factories import new_vmi, review
 from tests.support.faults import WatchProxy
@@ -41,16 +48,6 @@ from tests.support.shapes import (
 )
 from tests.support.webhook_calls import allowed_patch, denied, post
 from usage.models import UsageRecord
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or condition}")
-
 
 # -- sync -------------------------------------------------------------------------------------
 

@@ -206,6 +206,8 @@ def test_a_vmi_naming_a_pending_set_is_admitted_through_the_real_chain(
         "GPUPLANE_CLUSTER": "kubernetes",
         # Events queue no full pass here: the order must still be Pending when its VMI starts.
         "GPUPLANE_AUTO_PASS": "false",
+        # Watches far longer than the test: stopping must not wait for them to end.
+        "GPUPLANE_WATCH_SECONDS": "600",
         "KUBECONFIG": str(apiserver.kubeconfig("gpuplane-sync")),
     }
     sync_env.pop("GPUPLANE_KUBE_HOST", None)
@@ -238,6 +240,11 @@ def test_a_vmi_naming_a_pending_set_is_admitted_through_the_real_chain(
         assert gpu["status"]["answeredRequest"] == request_id and gpu["status"]["phase"] == "Bound"
         refused = [c for c in apiserver.calls() if c.code == 403]
         assert not refused, refused
+        # SIGTERM (a rollout, a node drain) stops the sync with its watches open: each
+        # kind's thread sees the stop between its stream's events, not at the watch's end.
+        syncing.terminate()
+        assert syncing.wait(60) == 0
+        assert (tmp_path / "sync.log").read_text().rstrip().endswith("stopped")
     finally:
         syncing.terminate()
         try:

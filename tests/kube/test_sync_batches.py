@@ -13,8 +13,7 @@ locks), then applied, newest first, once the row is free.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,18 +21,9 @@ from django.db import connection, transaction
 
 from binder import models, sync
 from binder.kube import client as kube_client
-from tests.support.cluster_mode import GPUS, cluster_gpus
+from tests.support.cluster_mode import GPUS, cluster_gpus, wait_for
 from tests.support.controlplane import ControlPlane
 from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or condition}")
 
 
 def rows() -> dict[str, tuple[str, str, str]]:

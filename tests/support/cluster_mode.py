@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from binder import models, sync
@@ -86,6 +87,16 @@ class Follower:
         for runner in self.runners:
             if kinds is None or runner.kind in kinds:
                 runner.watch_until(time.monotonic() + seconds)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    """Until ``condition()`` holds; an AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or condition}")
 
 
 def gpu_lists(server: ControlPlane) -> int:

@@ -430,25 +430,47 @@ class KindSync:
         connection.close()
 
 
-def sync_once(progress_for: Callable[[str], Callable[[int], None] | None] | None = None) -> dict[str, Applied]:
-    """List every kind once, in :data:`SYNC_ORDER` (``sync_cluster --once``, tests).
+def list_all(
+    stop: threading.Event,
+    *,
+    relist_seconds: float,
+    watch_seconds: int,
+    progress_for: Callable[[str], Callable[[int], None] | None] | None = None,
+) -> tuple[dict[str, KindSync], dict[str, Applied]]:
+    """List every kind once, in :data:`SYNC_ORDER`; the runners (each at its list's
+    resourceVersion, for :func:`run_forever` to watch from) and what each list changed.
 
     ``progress_for(kind)`` may return a callback told of each object mirrored.
     """
-    stop = threading.Event()
-    return {
-        kind: KindSync(kind, stop, relist_seconds=0, watch_seconds=1).relist(
-            progress_for(kind) if progress_for is not None else None
-        )
-        for kind in SYNC_ORDER
+    runners = {
+        kind: KindSync(kind, stop, relist_seconds=relist_seconds, watch_seconds=watch_seconds) for kind in SYNC_ORDER
     }
+    applied = {
+        kind: runner.relist(None if progress_for is None else progress_for(kind)) for kind, runner in runners.items()
+    }
+    return runners, applied
 
 
-def run_forever(stop: threading.Event, *, relist_seconds: float, watch_seconds: int) -> list[threading.Thread]:
-    """Start one syncing thread per kind; they run until ``stop`` is set."""
+def sync_once(progress_for: Callable[[str], Callable[[int], None] | None] | None = None) -> dict[str, Applied]:
+    """List every kind once (``sync_cluster --once``, tests)."""
+    return list_all(threading.Event(), relist_seconds=0, watch_seconds=1, progress_for=progress_for)[1]
+
+
+def run_forever(
+    stop: threading.Event,
+    *,
+    relist_seconds: float,
+    watch_seconds: int,
+    runners: Mapping[str, KindSync] | None = None,
+) -> list[threading.Thread]:
+    """Start one syncing thread per kind; they run until ``stop`` is set. ``runners``
+    (from :func:`list_all`) watch from their first list's version instead of listing
+    again: at 100k GPUs a second list costs as much as the first."""
     threads = []
     for kind in SYNC_ORDER:
-        runner = KindSync(kind, stop, relist_seconds=relist_seconds, watch_seconds=watch_seconds)
+        runner = (runners or {}).get(kind) or KindSync(
+            kind, stop, relist_seconds=relist_seconds, watch_seconds=watch_seconds
+        )
         thread = threading.Thread(target=runner.run, name=f"sync-{kind}", daemon=True)
         thread.start()
         threads.append(thread)

@@ -30,8 +30,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not apiserver.cluster_mode():
             raise CommandError("sync_cluster needs GPUPLANE_CLUSTER=kubernetes (standalone mode has no cluster)")
+        stop = threading.Event()
         try:
-            applied = self.first_list(show=not options["no_progress"])
+            runners, applied = self.first_list(stop, show=not options["no_progress"])
         except Exception as exc:  # noqa: BLE001 - any failure of the first list is the command's error
             raise CommandError(f"cannot list the cluster: {describe(exc)}") from None
         for kind, result in applied.items():
@@ -40,11 +41,14 @@ class Command(BaseCommand):
             )
         if options["once"]:
             return
-        stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
+        # Each kind watches from its first list's version: no second list.
         threads = sync.run_forever(
-            stop, relist_seconds=settings.GPUPLANE_RELIST_SECONDS, watch_seconds=settings.GPUPLANE_WATCH_SECONDS
+            stop,
+            relist_seconds=settings.GPUPLANE_RELIST_SECONDS,
+            watch_seconds=settings.GPUPLANE_WATCH_SECONDS,
+            runners=runners,
         )
         self.stdout.write(f"watching {len(threads)} kinds; relisting every {settings.GPUPLANE_RELIST_SECONDS} s")
         stop.wait()
@@ -52,10 +56,11 @@ class Command(BaseCommand):
             thread.join(timeout=settings.GPUPLANE_WATCH_SECONDS + 15)
         self.stdout.write("stopped")
 
-    def first_list(self, show: bool) -> dict[str, Applied]:
+    def first_list(self, stop: threading.Event, show: bool) -> tuple[dict[str, sync.KindSync], dict[str, Applied]]:
         """The initial list, with a progress bar per kind (a large cluster takes a while)."""
+        relist, watch = settings.GPUPLANE_RELIST_SECONDS, settings.GPUPLANE_WATCH_SECONDS
         if not show:
-            return sync.sync_once()
+            return sync.list_all(stop, relist_seconds=relist, watch_seconds=watch)
         columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, transient=False) as progress:
             tasks = {kind: progress.add_task(f"listing {kind}", total=None) for kind in sync.SYNC_ORDER}
@@ -64,8 +69,8 @@ class Command(BaseCommand):
                 progress.update(tasks[kind], description=f"mirroring {kind}")
                 return lambda n: progress.advance(tasks[kind], n)
 
-            applied = sync.sync_once(progress_for)
+            listed = sync.list_all(stop, relist_seconds=relist, watch_seconds=watch, progress_for=progress_for)
             for kind, task in tasks.items():
                 done = progress.tasks[task].completed
                 progress.update(task, total=done, completed=done, description=f"{kind}")
-            return applied
+            return listed

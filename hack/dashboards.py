@@ -233,7 +233,7 @@ BINDER = [
     panel(
         "series",
         "Sync lag by kind",
-        "How long from a watch event's receipt to its mirror row committed?",
+        "How long from a batch of watch events' first receipt to its mirror rows committed?",
         ("max by (kind) (gpuplane_sync_lag_seconds)", "{{kind}}"),
         unit="s",
     ),

@@ -244,7 +244,7 @@ class MirrorState:
         if sets:
             self._bring_sets_current(sorted(sets))
         if changed:
-            self._changed(kind)
+            self._changed(kind, catch.changed[kind])
 
     def _apply_devices(self, ordered: list[int], found: dict[int, e.Device], catch: Catchup) -> None:
         """:meth:`_apply` for devices, the one kind read by the ten thousand (a pass after
@@ -288,13 +288,27 @@ class MirrorState:
             self._bring_sets_current(sorted(sets))
             self._changed("GPU")
 
-    def _changed(self, kind: str) -> None:
-        """Drop what a change of ``kind`` makes stale (each is rebuilt from memory when next needed)."""
+    def _changed(self, kind: str, keys: Iterable[SetKey] = ()) -> None:
+        """Drop what a change of ``kind`` (the records ``keys``) makes stale (each is rebuilt
+        from memory when next needed)."""
         self._tuples.pop(kind, None)
         if kind == "GPUClass":
             self.node_cache = NodeCache()
+        if kind == "VirtualMachineInstance" and not self._owned_pods(keys):
+            # The ledger reads a VMI only to tell whether a pod naming it as owner is its
+            # launcher: with no such pod it is the same ledger. Every VM start is a new VMI
+            # (its launcher pod comes after), and rebuilding the ledger for it cost the next
+            # answer pass 0.6-0.9 s at 110k devices.
+            return
         if kind not in ("GPU", "GPUBudget", "Node"):
-            self._ledger = None  # classes, pods, VMIs: the ledger is built again
+            self._ledger = None  # classes, pods, VMIs their pods name: the ledger is built again
+
+    def _owned_pods(self, keys: Iterable[SetKey]) -> bool:
+        """Whether a pod in this state names one of the VMIs ``keys`` as its owner."""
+        wanted = set(keys)
+        return bool(wanted) and any(
+            pod.owner_vmi and (pod.namespace, pod.owner_vmi) in wanted for pod in self.records["Pod"].values()
+        )
 
     def _replaced(self, kind: str, object_id: int, old: Any, new: Any, sets: set[SetKey]) -> None:
         """Keep the indexes of ``kind`` current for one record (``sets``: the sets touched)."""

@@ -68,7 +68,7 @@ from binder.engine import types as e
 from binder.mirror.read import engine_settings
 from binder.runtime.feed import OwnWrites
 from binder.runtime.flight import SingleFlight
-from binder.runtime.mirror_state import Catchup, MirrorState
+from binder.runtime.mirror_state import Catchup, MirrorState, SetKey
 from binder.runtime.verify import compare_records
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,8 @@ class ReadModel(MirrorState):
                 self._by_namespace[new.namespace][kind][object_id] = new
                 self._slices.pop(new.namespace, None)
 
-    def _changed(self, kind: str) -> None:
-        super()._changed(kind)
+    def _changed(self, kind: str, keys: Iterable[SetKey] = ()) -> None:
+        super()._changed(kind, keys)
         if kind in ("Node", "GPUClass"):
             self._slices.clear()  # every slice holds the classes and its devices' nodes
 

@@ -178,8 +178,8 @@ class ClusterState(MirrorState):
         if not models.FeedReader.objects.filter(worker=self.worker).update(**values, updated=Now()):
             models.FeedReader.objects.create(worker=self.worker, **values)
 
-    def _changed(self, kind: str) -> None:
-        super()._changed(kind)
+    def _changed(self, kind: str, keys: Iterable[SetKey] = ()) -> None:
+        super()._changed(kind, keys)
         if kind in ("GPUClass", "GPUBudget"):
             self.status_written = None  # a recreated row starts from the model's default
             self.borrowed_written = None

@@ -16,7 +16,7 @@ from binder.runtime.mirror_state import Catchup
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, vmi_obj
+from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
 
 
 def _cluster(orders: int) -> list[dict[str, Any]]:
@@ -72,6 +72,35 @@ def test_a_catch_up_of_new_changed_and_deleted_devices_equals_a_rebuild() -> Non
     _same_as_a_rebuild(state)
     # The pass then places the new orders: what the state keeps per set follows it.
     assert run_pass(models.PassKind.FULL, state).bound >= 4
+    _same_as_a_rebuild(state)
+
+
+@pytest.mark.django_db
+def test_a_new_vmi_keeps_the_ledger_and_one_its_launcher_names_moves_it() -> None:
+    """A VM start is a new VMI before its launcher pod exists: the ledger, which reads VMIs
+    only to tell launchers from other pods, is kept (rebuilding it cost the next answer pass
+    most of a second at 110k devices). Once a pod names the VMI as its owner, a change of
+    the VMI decides whether that pod is its launcher, and the ledger follows."""
+    load_objects(_cluster(1))
+    state = ClusterState()
+    run_pass(models.PassKind.FULL, state)
+    ledger = state.ledger()
+    base = ledger.used["t1"][H100]  # the Bound set and the order o0 the pass placed
+    load_objects([vmi_obj("t1", "vm9", ["vm9-gpu0"], {}, "")])
+    state.catch_up(models.PassKind.ANSWER)
+    assert state.ledger() is ledger, "a VMI no pod names rebuilt the ledger"
+    _same_as_a_rebuild(state)
+    # o0's launcher pod, not (yet) in o0's activePods: raw usage, until the VMI lists it.
+    node = models.GpuDevice.objects.get(name="o0-gpu0").node
+    o0 = vmi_obj("t1", "o0", ["o0-gpu0"], {}, "")
+    pod = launcher_obj(o0, H100, 1, node)
+    load_objects([pod])
+    state.catch_up(models.PassKind.ANSWER)
+    assert state.ledger().used["t1"][H100] == base + 1
+    _same_as_a_rebuild(state)
+    load_objects([vmi_obj("t1", "o0", ["o0-gpu0"], {pod["metadata"]["uid"]: node}, node)])
+    state.catch_up(models.PassKind.ANSWER)
+    assert state.ledger().used["t1"][H100] == base, "the launcher still counted as raw usage"
     _same_as_a_rebuild(state)
 
 

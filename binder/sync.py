@@ -94,15 +94,12 @@ def add_finalizers(kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
         return
     api = apiserver.api()
 
-    def write(item: tuple[Mapping[str, Any], list[str]]) -> dict[str, Any] | Exception:
+    def write(item: tuple[Mapping[str, Any], list[str]]) -> dict[str, Any]:
         obj, finalizers = item
         meta = obj.get("metadata") or {}
-        try:
-            return api.set_finalizers(
-                kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
-            )
-        except Exception as exc:  # noqa: BLE001 - classified below; one object never stops the sync
-            return exc
+        return api.set_finalizers(
+            kind, str(meta.get("namespace") or ""), str(meta["name"]), finalizers, str(meta.get("resourceVersion"))
+        )
 
     stored = []
     for (obj, _), outcome in zip(wanted, kube_client.each_in_flight(write, wanted), strict=True):

@@ -316,12 +316,10 @@ def annotate_in_cluster(
     api = apiserver.api()
     selector = review.scheduling.node_selector
 
-    def write(name: str) -> dict[str, Any] | Exception:
-        try:
-            return api.annotate_bind_request(review.namespace, name, request_id, selector)
-        except Exception as exc:  # noqa: BLE001 - any failure: a clear denial within the timeout, never a 500
-            return exc
+    def write(name: str) -> dict[str, Any]:
+        return api.annotate_bind_request(review.namespace, name, request_id, selector)
 
+    # Any failure comes back in its place: a clear denial within the timeout, never a 500.
     outcomes = kube_client.each_in_flight(write, names)
     for name, outcome in zip(names, outcomes, strict=True):
         if isinstance(outcome, ApiException) and outcome.status == 404:

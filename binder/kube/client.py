@@ -38,19 +38,27 @@ FINALIZER = "gpuplane.io/release"
 WRITERS = 8
 
 
-def each_in_flight[In, Out](call: Callable[[In], Out], items: Sequence[In]) -> list[Out]:
-    """``call`` on each item, up to :data:`WRITERS` at once; the results in order.
+def each_in_flight[In, Out](call: Callable[[In], Out], items: Sequence[In]) -> list[Out | Exception]:
+    """``call`` on each item, up to :data:`WRITERS` at once; the results in order, a call
+    that raised giving its exception in its place (one object's refusal never stops the
+    others; the caller classifies it, ``binder.errors``).
 
     The API server serves requests in parallel, so a caller writing thousands of objects
     (a pass's status writes, the sync's finalizers) waits for the slowest of a few round
-    trips at a time instead of the sum of them all. ``call`` must not raise (return the
-    exception instead) and must not touch the database: only HTTP runs on the pool's
-    threads, the caller's bookkeeping stays on its own.
+    trips at a time instead of the sum of them all. ``call`` must not touch the database:
+    only HTTP runs on the pool's threads, the caller's bookkeeping stays on its own.
     """
+
+    def guarded(item: In) -> Out | Exception:
+        try:
+            return call(item)
+        except Exception as exc:  # noqa: BLE001 - handed back in the item's place
+            return exc
+
     if len(items) < 2:
-        return [call(item) for item in items]
+        return [guarded(item) for item in items]
     with concurrent.futures.ThreadPoolExecutor(min(WRITERS, len(items))) as pool:
-        return list(pool.map(call, items))
+        return list(pool.map(guarded, items))
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,14 +88,9 @@ class _Writes:
         row locks that much shorter; whether each landed, in order."""
         api = apiserver.api()
 
-        def call(write: tuple[str, str, Mapping[str, Any], str]) -> dict[str, Any] | BaseException | None:
+        def call(write: tuple[str, str, Mapping[str, Any], str]) -> dict[str, Any] | None:
             namespace, name, status, version = write
-            if not version:
-                return None
-            try:
-                return api.patch_status(kind, namespace, name, status, version)
-            except Exception as exc:  # noqa: BLE001 - one object's refused write never stops the pass
-                return exc
+            return api.patch_status(kind, namespace, name, status, version) if version else None
 
         outcomes = kube_client.each_in_flight(call, writes)
         return [self._landed(kind, w[0], w[1], o) for w, o in zip(writes, outcomes, strict=True)]

@@ -82,18 +82,18 @@ class _Writes:
     refetch: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     failed: int = 0
 
-    def patch_many(self, kind: str, writes: Sequence[tuple[str, str, Mapping[str, Any], str]]) -> list[bool]:
-        """Status writes of ``(namespace, name, status, version)``, several in flight at once
-        (``kube_client.each_in_flight``), so a pass binding thousands of devices holds its
-        row locks that much shorter; whether each landed, in order."""
+    def patch_many[T](self, kind: str, writes: Sequence[tuple[T, str, str, Mapping[str, Any], str]]) -> list[T]:
+        """Status writes of ``(item, namespace, name, status, version)``, several in flight at
+        once (``kube_client.each_in_flight``), so a pass binding thousands of devices holds
+        its row locks that much shorter; the items whose write landed, in order."""
         api = apiserver.api()
 
-        def call(write: tuple[str, str, Mapping[str, Any], str]) -> dict[str, Any] | None:
-            namespace, name, status, version = write
+        def call(write: tuple[T, str, str, Mapping[str, Any], str]) -> dict[str, Any] | None:
+            _, namespace, name, status, version = write
             return api.patch_status(kind, namespace, name, status, version) if version else None
 
         outcomes = kube_client.each_in_flight(call, writes)
-        return [self._landed(kind, w[0], w[1], o) for w, o in zip(writes, outcomes, strict=True)]
+        return [w[0] for w, o in zip(writes, outcomes, strict=True) if self._landed(kind, w[1], w[2], o)]
 
     def _landed(self, kind: str, namespace: str, name: str, outcome: dict[str, Any] | BaseException | None) -> bool:
         if outcome is None:
@@ -147,7 +147,7 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     decided = state.records["GPU"]
     object_ids = [state.device_ids[d.key] for d in result.devices if d.key in state.device_ids]
     current = _locked_devices(object_ids, state)
-    to_write: list[tuple[e.Device, str]] = []  # each with the version it is written against
+    to_write: list[tuple[e.Device, str, str, Mapping[str, Any], str]] = []  # against the row's version
     for device in result.devices:
         object_id = state.device_ids.get(device.key)
         if object_id is None:
@@ -158,9 +158,8 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
             # next pass decides from the newer row (its feed entry is there).
             writes.failed += 1
             continue
-        to_write.append((device, row[0]))
-    landed = writes.patch_many("GPU", [(d.namespace, d.name, device_status(d), v) for d, v in to_write])
-    written = [device for (device, _), ok in zip(to_write, landed, strict=True) if ok]
+        to_write.append((device, device.namespace, device.name, device_status(device), row[0]))
+    written = writes.patch_many("GPU", to_write)
     writes.mirror("GPU")
     keys = {d.key for d in written}
     classes, budgets, failed = _write_class_and_budget_status(result)
@@ -216,7 +215,7 @@ def _write_classes(result: PassResult, writes: _Writes) -> dict[str, e.ClassStat
     )
     current = {name: (version, (a, b, lost)) for name, version, a, b, lost in rows}
     classes: dict[str, e.ClassStatus] = {}
-    todo: list[tuple[str, e.ClassStatus, str]] = []
+    todo: list[tuple[tuple[str, e.ClassStatus], str, str, Mapping[str, Any], str]] = []
     for name, status in result.class_status.items():
         row = current.get(name)
         if row is None:
@@ -224,11 +223,9 @@ def _write_classes(result: PassResult, writes: _Writes) -> dict[str, e.ClassStat
         if row[1] == (status.allocatable, status.bound, status.lost):
             classes[name] = status  # unchanged: no write, no event, no pass it would trigger
         else:
-            todo.append((name, status, row[0]))
-    bodies = [("", n, {"allocatable": s.allocatable, "bound": s.bound, "lost": s.lost}, v) for n, s, v in todo]
-    for (name, status, _), landed in zip(todo, writes.patch_many("GPUClass", bodies), strict=True):
-        if landed:
-            classes[name] = status
+            body = {"allocatable": status.allocatable, "bound": status.bound, "lost": status.lost}
+            todo.append(((name, status), "", name, body, row[0]))
+    classes.update(writes.patch_many("GPUClass", todo))
     return classes
 
 
@@ -243,7 +240,7 @@ def _write_budgets(result: PassResult, writes: _Writes) -> dict[tuple[str, str],
         .values_list("namespace__name", "name", "resource_version", "used")
     )
     held = {(ns, name): (version, used) for ns, name, version, used in rows}
-    todo: list[tuple[tuple[str, str], Mapping[str, int], dict[str, Any], str]] = []
+    todo: list[tuple[tuple[tuple[str, str], Mapping[str, int]], str, str, Mapping[str, Any], str]] = []
     for key, used in wanted.items():
         budget = held.get(key)
         if budget is None:
@@ -254,11 +251,8 @@ def _write_budgets(result: PassResult, writes: _Writes) -> dict[tuple[str, str],
         body: dict[str, Any] = {"used": dict(used)}
         if key in result.budget_borrowed:
             body["borrowed"] = dict(result.budget_borrowed[key]) or None
-        todo.append((key, used, body, budget[0]))
-    bodies = [(key[0], key[1], body, version) for key, _, body, version in todo]
-    for (key, used, _, _), landed in zip(todo, writes.patch_many("GPUBudget", bodies), strict=True):
-        if landed:
-            budgets[key] = used
+        todo.append(((key, used), key[0], key[1], body, budget[0]))
+    budgets.update(writes.patch_many("GPUBudget", todo))
     return budgets
 
 

@@ -27,17 +27,27 @@ def database_name(url: str) -> str:
     return urlparse(url).path.lstrip("/")
 
 
+def dedicated_name(url: str, example: str = DEFAULT_URL) -> str:
+    """The database ``url`` names, refused if it is not a bench's own (one of
+    :data:`FORBIDDEN_DATABASES`, or none)."""
+    name = database_name(url)
+    if not name or name in FORBIDDEN_DATABASES:
+        raise SystemExit(f"refusing to use database {name!r}: give a dedicated one, e.g. {example}")
+    return name
+
+
+def admin_url(url: str) -> str:
+    """The server of ``url``, at its ``postgres`` database (to create or drop others)."""
+    return urlparse(url)._replace(path="/postgres").geturl()
+
+
 def ensure_database(url: str) -> None:
     """Create the bench database if it does not exist (never touches any other one)."""
     import psycopg
     from psycopg import sql
 
-    name = database_name(url)
-    if not name or name in FORBIDDEN_DATABASES:
-        raise SystemExit(f"refusing to use database {name!r}: give a dedicated one, e.g. {DEFAULT_URL}")
-    parsed = urlparse(url)
-    admin = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
+    name = dedicated_name(url)
+    with psycopg.connect(admin_url(url), autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
@@ -69,13 +79,10 @@ def drop_database(url: str) -> None:
     from django.db import connections
     from psycopg import sql
 
-    name = database_name(url)
-    if not name or name in FORBIDDEN_DATABASES:
-        raise SystemExit(f"refusing to drop database {name!r}: give a dedicated one, e.g. {DEFAULT_URL}")
+    name = dedicated_name(url)
     if settings.configured:
         connections.close_all()
-    admin = urlparse(url)._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(admin_url(url), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 

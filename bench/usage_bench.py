@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
-from common import FORBIDDEN_DATABASES, database_name, drop_database, pct, setup_django
+from common import admin_url, database_name, dedicated_name, drop_database, pct, setup_django
 from servers import start_server, stop
 from synth import CLASSES, NODE_SELECTOR, node_labels
 
@@ -73,15 +73,8 @@ USER = "usage-bench"
 # -- database ----------------------------------------------------------------------------------
 
 
-def admin_url(url: str) -> str:
-    return urlparse(url)._replace(path="/postgres").geturl()
-
-
 def check_name(url: str) -> str:
-    name = database_name(url)
-    if not name or name in FORBIDDEN_DATABASES:
-        raise SystemExit(f"refusing to use database {name!r}: give a dedicated one, e.g. {DEFAULT_URL}")
-    return name
+    return dedicated_name(url, DEFAULT_URL)
 
 
 def recreate_database(url: str) -> None:

@@ -449,7 +449,7 @@ def list_all(
 
 
 def sync_once(progress_for: Callable[[str], Callable[[int], None] | None] | None = None) -> dict[str, Applied]:
-    """List every kind once (``sync_cluster --once``, tests)."""
+    """List every kind once, with no runner kept to watch on (tests, and a list on demand)."""
     return list_all(threading.Event(), relist_seconds=0, watch_seconds=1, progress_for=progress_for)[1]
 
 

@@ -43,7 +43,12 @@ RELEASE, NAMESPACE = "gpuplane", "gpuplane-system"
 #: The values the base is rendered with: the chart's defaults, plus the namespace with its Pod
 #: Security labels and the caBundle placeholder (deliberately not base64: applied unfilled, the
 #: apiserver refuses it at once instead of registering a webhook it cannot verify).
-BASE_VALUES = ("namespace.create=true", "webhook.caBundle=FILL_ME_FROM_manage.py_webhook_cert")
+BASE_VALUES = (
+    "namespace.create=true",
+    "webhook.caBundle=FILL_ME_FROM_manage.py_webhook_cert",
+    # `helm template` cannot ask a cluster whether it serves the policy API; the base assumes 1.36+.
+    "finalizerPolicy.enabled=true",
+)
 #: Templates rendered into the base, in the kustomization's order (settings.yaml becomes settings.env).
 BASE_TEMPLATES = (
     "namespace",
@@ -55,6 +60,7 @@ BASE_TEMPLATES = (
     "beat",
     "sync",
     "webhook",
+    "finalizer-policy",
 )
 HELM_ONLY_LABELS = re.compile(
     r"^\s*(helm\.sh/chart|app\.kubernetes\.io/(managed-by|instance|version)|checksum/settings):.*\n", re.M
@@ -118,10 +124,12 @@ def kustomization(chart_values: dict[str, object], app_version: str) -> str:
         GENERATED.format(source="values.yaml (image) and Chart.yaml (appVersion)")
         + f"""# gpuplane in a cluster: the CRDs, the namespace, RBAC, NetworkPolicies, the web (API, admin),
 # webhook, binder (Celery worker), beat and sync Deployments, the API and webhook Services, the
-# webhook configuration, and the settings ConfigMap. Apply an overlay, not this base:
-# deploy/overlays/cluster (everything) or deploy/overlays/standalone (the database is the source
-# of truth). docs/operations.md ("Install with Kustomize") lists what you create first: the Secrets
-# gpuplane-secrets and gpuplane-webhook-tls (never in this repository) and the webhook's caBundle.
+# webhook configuration, the finalizer's admission policy (Kubernetes 1.36+; on an older cluster
+# delete it in your overlay: the sync adds the finalizer then), and the settings ConfigMap.
+# Apply an overlay, not this base: deploy/overlays/cluster (everything) or
+# deploy/overlays/standalone (the database is the source of truth). docs/operations.md ("Install
+# with Kustomize") lists what you create first: the Secrets gpuplane-secrets and
+# gpuplane-webhook-tls (never in this repository) and the webhook's caBundle.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: {NAMESPACE}

@@ -27,7 +27,8 @@ CRD_NAMES = ("gpuclasses.gpuplane.io", "gpus.gpuplane.io", "gpubudgets.gpuplane.
 #: Every kind the chart renders outside monitoring.coreos.com, for the stray-object check.
 KINDS = (
     "deployments,replicasets,pods,services,configmaps,serviceaccounts,networkpolicies,poddisruptionbudgets,"
-    "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,namespaces"
+    "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,mutatingadmissionpolicies,"
+    "mutatingadmissionpolicybindings,namespaces"
 )
 
 
@@ -150,6 +151,10 @@ def install_upgrade_uninstall(
         assert f"deployment.apps/{release}-{name}" in installed, installed
     assert f"clusterrole.rbac.authorization.k8s.io/{release}-sync" in installed, installed
     assert f"mutatingwebhookconfiguration.admissionregistration.k8s.io/{release}-vmi" in installed, installed
+    # finalizerPolicy.enabled=auto, and this apiserver serves MutatingAdmissionPolicy v1.
+    policy = f"admissionregistration.k8s.io/{release}-release-finalizer"
+    assert f"mutatingadmissionpolicy.{policy}" in installed, installed
+    assert f"mutatingadmissionpolicybinding.{policy}" in installed, installed
 
     helm(kubeconfig, tmp_path, "uninstall", release, "--namespace", namespace, "--wait")
     deadline = time.monotonic() + 90  # ReplicaSets and pods go with the garbage collector

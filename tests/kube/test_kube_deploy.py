@@ -22,7 +22,15 @@ from tests.support.controlplane import ApiError, ControlPlane, tool
 from tests.support.manifests import DEPLOY, overlay, render
 
 #: Kinds sent with dryRun=All only.
-DRY_RUN = {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "PodDisruptionBudget"}
+#: Kinds applied as a dry run only: the rest of the session's tests must not run with them live.
+DRY_RUN = {
+    "Deployment",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "PodDisruptionBudget",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+}
 
 
 CA_PLACEHOLDER = "FILL_ME_FROM_manage.py_webhook_cert"

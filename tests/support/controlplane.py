@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE_BIN = ROOT / "hack" / "kube-bin.sh"
 CRDS = ROOT / "deploy" / "base" / "crds"
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
+FINALIZER_POLICY = ROOT / "deploy" / "base" / "finalizer-policy.yaml"
 NAMESPACE = ROOT / "deploy" / "base" / "namespace.yaml"
 #: KubeVirt's VirtualMachineInstance CRD as the test control plane serves it.
 KUBEVIRT_CRD = ROOT / "hack" / "kubevirt-crd.sh"
@@ -618,6 +619,24 @@ class ControlPlane:
         text = self.raw(method, path, data, content_type=kind, identity=identity)
         return json.loads(text) if text else None
 
+    def webhook_seconds(self, webhook: str) -> tuple[float, float]:
+        """(calls, seconds) the apiserver has spent calling admission ``webhook`` since it
+        started, from its own ``/metrics``: the webhook's share of a create as the caller sees it."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        calls = seconds = 0.0
+        for family in text_string_to_metric_families(self.raw("GET", "/metrics")):
+            if family.name != "apiserver_admission_webhook_admission_duration_seconds":
+                continue
+            for sample in family.samples:
+                if sample.labels.get("name") != webhook:
+                    continue
+                if sample.name.endswith("_count"):
+                    calls += sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds += sample.value
+        return calls, seconds
+
     def apply(self, obj: dict[str, Any], *, field_manager: str = "gpuplane-tests", dry_run: bool = False) -> Any:
         """Server-side apply of one object, as ``kubectl apply --server-side`` sends it."""
         from binder.kube.client import RESOURCES
@@ -707,6 +726,37 @@ class ControlPlane:
         finally:
             self.apply(current)
             self._wait("kube-apiserver", lambda: not accepted(), timeout=30)
+
+    @contextlib.contextmanager
+    def finalizer_policy(self, probe_namespace: str) -> Iterator[None]:
+        """While the block runs, deploy/'s finalizer policy (a MutatingAdmissionPolicy and its
+        binding) is installed, as deployed: the apiserver puts gpuplane's finalizer on every GPU
+        and GPUClass it creates. The switch waits until a dry-run GPU create in
+        ``probe_namespace`` (which must exist) comes back with the finalizer, and back until it
+        comes back without (the apiserver loads policies from a watch, not at once)."""
+        from binder.kube.client import FINALIZER
+
+        docs = [d for d in yaml.safe_load_all(FINALIZER_POLICY.read_text()) if d]
+        probe = {
+            "apiVersion": "gpuplane.io/v1alpha1", "kind": "GPU",
+            "metadata": {"name": "finalizer-policy-probe", "namespace": probe_namespace},
+            "spec": {"className": "probe", "vmName": "probe"},
+        }  # fmt: skip
+        resource = f"/apis/gpuplane.io/v1alpha1/namespaces/{probe_namespace}/gpus?dryRun=All"
+
+        def applied() -> bool:
+            stored = self.request("POST", resource, probe)
+            return FINALIZER in (stored["metadata"].get("finalizers") or ())
+
+        for doc in docs:
+            self.apply(doc)
+        self._wait("kube-apiserver", applied, timeout=30)
+        try:
+            yield
+        finally:
+            for doc in reversed(docs):
+                self.request("DELETE", _builtin_path(doc))
+            self._wait("kube-apiserver", lambda: not applied(), timeout=30)
 
     # -- the audit log -------------------------------------------------------------------------------
 
@@ -895,6 +945,10 @@ _BUILTIN = {
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False,
     ),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "MutatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicies", False),
+    "MutatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicybindings", False,
+    ),
     "ValidatingAdmissionPolicyBinding": (
         "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False,
     ),

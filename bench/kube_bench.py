@@ -48,12 +48,15 @@ from __future__ import annotations
 import argparse
 import base64
 import concurrent.futures
+import contextlib
 import os
 import random
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -124,6 +127,140 @@ def proc_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids() -> list[int]:
+    """Every PostgreSQL process on the machine (the bench's sessions are its only load)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "postgres":
+                pids.append(int(entry.name))
+    return pids
+
+
+class CpuShares:
+    """CPU seconds each part of the run used over a span: where a phase's time went.
+
+    A part is its processes, or a function finding them (PostgreSQL starts a backend per new
+    connection: one that began within the span counts whole; one that ended within it is lost)."""
+
+    def __init__(self, parts: dict[str, list[int] | Callable[[], list[int]]]) -> None:
+        self.parts = parts
+        self.before = self._read()
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        seconds: dict[str, dict[int, float]] = {}
+        for name, pids in self.parts.items():
+            seconds[name] = {}
+            for pid in pids() if callable(pids) else pids:
+                with contextlib.suppress(OSError):  # a backend that ended meanwhile
+                    seconds[name][pid] = proc_cpu_seconds(pid)
+        own = os.times()
+        seconds["this bench (its client threads)"] = {0: own.user + own.system}
+        return seconds
+
+    def summary(self, wall: float) -> str:
+        after = self._read()
+        used = {
+            name: sum(now - self.before.get(name, {}).get(pid, 0.0) for pid, now in pids.items())
+            for name, pids in after.items()
+        }
+        shares = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(used.items(), key=lambda i: -i[1]))
+        return f"{shares}; {sum(used.values()) / wall:.2f} of the 2 cores over {wall:.0f} s"
+
+
+class Tally:
+    """The objects of one collection as a watch reports them, counted by state: the bench
+    learns when a batch is done without listing it again and again (a LIST of 10,000 GPUs
+    every half second took a fair share of the apiserver's CPU, more the longer the tail)."""
+
+    def __init__(self, plane: Any, path: str, state: Callable[[dict[str, Any]], str]) -> None:
+        import http.client
+
+        from tests.support.controlplane import ADMIN_USER
+
+        self.state = state
+        sep = "&" if "?" in path else "?"
+        listed = plane.request("GET", path)
+        self.states = {o["metadata"]["name"]: state(o) for o in listed["items"]}
+        self.error = ""
+        self.closed = False
+        self.changed = threading.Condition()
+        host, port = urllib.parse.urlsplit(plane.url).netloc.rsplit(":", 1)
+        self.conn = http.client.HTTPSConnection(host, int(port), context=plane.ssl_context(), timeout=None)
+        version = listed["metadata"]["resourceVersion"]
+        query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds=7200&resourceVersion={version}"
+        self.conn.request("GET", path + sep + query, headers={"Authorization": f"Bearer {plane.token(ADMIN_USER)}"})
+        self.response = self.conn.getresponse()
+        if self.response.status != 200:
+            raise SystemExit(f"watch {path}: HTTP {self.response.status}: {self.response.read()[:300]!r}")
+        self.thread = threading.Thread(target=self._follow, name=f"tally {path}", daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        import json
+
+        try:
+            while line := self.response.readline():
+                event = json.loads(line)
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    self.error = str(obj.get("message"))
+                    break
+                if kind == "BOOKMARK":
+                    continue
+                with self.changed:
+                    if kind == "DELETED":
+                        self.states.pop(obj["metadata"]["name"], None)
+                    else:
+                        self.states[obj["metadata"]["name"]] = self.state(obj)
+                    self.changed.notify_all()
+        except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
+            if self.closed:
+                return
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
+        with self.changed:
+            self.error = self.error or "the watch ended"
+            self.changed.notify_all()
+
+    def count(self, state: str) -> int:
+        with self.changed:
+            return sum(1 for s in self.states.values() if s == state)
+
+    def wait(self, state: str, expected: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+        """Until ``expected`` objects are in ``state``; SystemExit after ``timeout`` seconds,
+        when the watch ends, or when ``alive()`` turns false (the process doing the work died)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while sum(1 for s in self.states.values() if s == state) < expected:
+                if self.error or not alive() or time.monotonic() > deadline:
+                    counts: dict[str, int] = {}
+                    for s in self.states.values():
+                        counts[s] = counts.get(s, 0) + 1
+                    raise SystemExit(f"not {expected:,} {state} within {timeout:.0f} s: {counts} {self.error}")
+                self.changed.wait(1.0)
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            if self.conn.sock is not None:
+                self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
+        self.thread.join(timeout=5)
+
+
+def gpu_state(gpu: dict[str, Any]) -> str:
+    return str((gpu.get("status") or {}).get("phase") or "Pending")
+
+
+def pod_state(pod: dict[str, Any]) -> str:
+    if pod["spec"].get("nodeName"):
+        return "bound"
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return "unschedulable"
+    return "pending"
 
 
 class Bench:
@@ -234,14 +371,6 @@ class Bench:
                 gpus.append(gpu)
         return gpus
 
-    def phases_of(self, batch: str) -> dict[str, int]:
-        query = urllib.parse.urlencode({"labelSelector": f"{BATCH_LABEL}={batch}"})
-        counts: dict[str, int] = {}
-        for gpu in self.plane.request("GET", f"{GPUS}?{query}")["items"]:
-            phase = (gpu.get("status") or {}).get("phase") or "Pending"
-            counts[phase] = counts.get(phase, 0) + 1
-        return counts
-
     # -- gpuplane -------------------------------------------------------------------------------
 
     @contextmanager
@@ -256,6 +385,7 @@ class Bench:
              "--without-heartbeat"],
             self.env("gpuplane-binder", **extra), self.var / f"worker-{label}.log",
         )  # fmt: skip
+        self.worker_pid = worker.pid
         log = (self.var / f"sync-{label}.log").open("w")
         started = time.perf_counter()
         syncing = subprocess.Popen(
@@ -280,6 +410,12 @@ class Bench:
             stop(worker)
             log.close()
 
+    def cpu_shares(self, parts: dict[str, list[int] | Callable[[], list[int]]]) -> CpuShares:
+        """CPU from now on of the control plane, PostgreSQL, this bench and ``parts``."""
+        procs = {name: self.plane.processes[name].proc for name in ("kube-apiserver", "etcd")}
+        plane = {name: [proc.pid] for name, proc in procs.items() if proc is not None}
+        return CpuShares({**plane, **parts, "PostgreSQL": postgres_pids})
+
     def gpu_count(self) -> int:
         body = self.plane.request("GET", f"{GPUS}?limit=1")
         return int(body["metadata"].get("remainingItemCount", 0)) + len(body["items"])
@@ -296,16 +432,6 @@ class Bench:
             f"{used / seconds * 100:.1f} % of a core over {seconds:.0f} s; RSS {rss_mib(process.pid):,.0f} MiB",
         )
 
-    def until_bound(self, batch: str, expected: int, timeout: float = 3600) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            counts = self.phases_of(batch)
-            if counts.get("Bound", 0) >= expected:
-                return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{batch}: not every GPU Bound within {timeout:.0f} s: {counts}")
-            time.sleep(0.5)
-
     def run_gpuplane(self) -> None:
         import redis
 
@@ -317,15 +443,19 @@ class Bench:
             self.idle_cpu(syncing)
             gpus = self.orders("order", self.order_sizes)
             print(f"gpuplane: {len(gpus):,} orders in {len(self.order_sizes):,} sets", file=sys.stderr, flush=True)
+            cpu = self.cpu_shares({"sync": [syncing.pid], "binder worker": [self.worker_pid]})
+            tally = Tally(self.plane, f"{GPUS}?labelSelector={BATCH_LABEL}%3Dorder", gpu_state)
             started = time.perf_counter()
             created = self.create(gpus)
-            self.until_bound("order", len(gpus))
+            tally.wait("Bound", len(gpus), timeout=3600, alive=lambda: syncing.poll() is None)
             seconds = time.perf_counter() - started
+            tally.close()
             self.gpuplane_orders = seconds
             self.note(
                 f"gpuplane: {len(gpus):,} orders, first create → every status Bound",
                 f"{seconds:.1f} s (creating them took {created:.1f} s)",
             )
+            self.note("gpuplane: CPU over those orders", cpu.summary(seconds))
             if "over" not in self.args.skip:
                 gpus = self.orders("over", self.over_sizes)
                 self.create(gpus)
@@ -432,18 +562,23 @@ class Bench:
                 time.sleep(3)  # its informers list the nodes and pods first
                 pods = self.pods(ns, self.order_sizes, "order")
                 print(f"kube-scheduler ({strategy}): {len(pods):,} pods", file=sys.stderr, flush=True)
+                cpu = self.cpu_shares({"kube-scheduler": [scheduler.pid]})
+                tally = Tally(self.plane, f"/api/v1/namespaces/{ns}/pods", pod_state)
                 started = time.perf_counter()
                 created = self.create(pods)
-                while self.pod_states(ns)[0] < len(pods):
-                    if scheduler.poll() is not None:
-                        raise SystemExit((self.var / f"scheduler-{strategy}.log").read_text()[-3000:])
-                    time.sleep(0.5)
+                try:
+                    tally.wait("bound", len(pods), timeout=3600, alive=lambda s=scheduler: s.poll() is None)
+                except SystemExit:
+                    print((self.var / f"scheduler-{strategy}.log").read_text()[-3000:], file=sys.stderr)
+                    raise
                 seconds = time.perf_counter() - started
+                tally.close()
                 self.scheduler_orders[strategy] = seconds
                 self.note(
                     f"kube-scheduler ({strategy}): {len(pods):,} pods, first create → every pod bound",
                     f"{seconds:.1f} s (creating them took {created:.1f} s)",
                 )
+                self.note(f"kube-scheduler ({strategy}): CPU over those pods", cpu.summary(seconds))
                 if "over" not in self.args.skip:
                     over = self.pods(ns, self.over_sizes, "over")
                     self.create(over)
@@ -529,6 +664,7 @@ class Bench:
                     off.append(seconds)
         after = self.plane.webhook_seconds("vmi.gpuplane.io")
         calls, total = (a - b for a, b in zip(after, webhook_before, strict=True))
+        direct = self.straight_to_webhook(port, self.bound_vmis("order", self.order_sizes, range(count)))
         self.note(
             f"VMI create, webhook off ({count} one at a time, interleaved with the creates below)",
             f"p50 {pct(off, 50) * 1000:.0f} ms, p99 {pct(off, 99) * 1000:.0f} ms",
@@ -539,6 +675,34 @@ class Bench:
             f"(p99 ÷ webhook off: {pct(on, 99) / pct(off, 99):.2f}); the webhook call as the "
             f"apiserver timed it: mean {total / max(calls, 1) * 1000:.1f} ms over {calls:.0f} calls",
         )
+        self.note(
+            f"the same {count} reviews sent straight to the webhook server (TLS, one keep-alive connection)",
+            f"p50 {pct(direct, 50) * 1000:.1f} ms, p99 {pct(direct, 99) * 1000:.1f} ms",
+        )
+
+    def straight_to_webhook(self, port: int, bodies: list[dict[str, Any]]) -> list[float]:
+        """Each VMI's AdmissionReview posted to the webhook server as the apiserver posts it,
+        one at a time on one connection: the server's share of a create without the apiserver's."""
+        import http.client
+        import json
+
+        from tests.support.factories import review
+
+        token = (self.plane.dir / "webhook-token").read_text().strip()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=self.plane.ssl_context(), timeout=15)
+        seconds = []
+        try:
+            for body in bodies:
+                payload = json.dumps(review(body)).encode()
+                started = time.perf_counter()
+                conn.request("POST", "/webhooks/vmi?timeout=10s", payload, headers)
+                answer = json.loads(conn.getresponse().read())
+                seconds.append(time.perf_counter() - started)
+                assert answer["response"]["allowed"] and answer["response"].get("patch"), answer["response"]
+        finally:
+            conn.close()
+        return seconds
 
     def run_vmis(self) -> None:
         from binder import models

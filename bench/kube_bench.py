@@ -173,64 +173,77 @@ class CpuShares:
 class Tally:
     """The objects of one collection as a watch reports them, counted by state: the bench
     learns when a batch is done without listing it again and again (a LIST of 10,000 GPUs
-    every half second took a fair share of the apiserver's CPU, more the longer the tail)."""
+    every half second took a fair share of the apiserver's CPU, more the longer the tail).
+    As an informer does, it lists again and watches on when the apiserver ends the watch
+    (it drops a watcher that falls behind a burst)."""
 
     def __init__(self, plane: Any, path: str, state: Callable[[dict[str, Any]], str]) -> None:
+        self.plane, self.path, self.state = plane, path, state
+        self.states: dict[str, str] = {}
+        self.error = ""
+        self.closed = False
+        self.relists = 0
+        self.conn: Any = None
+        self.changed = threading.Condition()
+        version = self._list()
+        self.thread = threading.Thread(target=self._follow, args=(version,), name=f"tally {path}", daemon=True)
+        self.thread.start()
+
+    def _list(self) -> str:
+        listed = self.plane.request("GET", self.path)
+        with self.changed:
+            self.states = {o["metadata"]["name"]: self.state(o) for o in listed["items"]}
+            self.changed.notify_all()
+        return str(listed["metadata"]["resourceVersion"])
+
+    def _follow(self, version: str) -> None:
         import http.client
+        import json
 
         from tests.support.controlplane import ADMIN_USER
 
-        self.state = state
-        sep = "&" if "?" in path else "?"
-        listed = plane.request("GET", path)
-        self.states = {o["metadata"]["name"]: state(o) for o in listed["items"]}
-        self.error = ""
-        self.closed = False
-        self.changed = threading.Condition()
-        host, port = urllib.parse.urlsplit(plane.url).netloc.rsplit(":", 1)
-        self.conn = http.client.HTTPSConnection(host, int(port), context=plane.ssl_context(), timeout=None)
-        version = listed["metadata"]["resourceVersion"]
-        query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds=7200&resourceVersion={version}"
-        self.conn.request("GET", path + sep + query, headers={"Authorization": f"Bearer {plane.token(ADMIN_USER)}"})
-        self.response = self.conn.getresponse()
-        if self.response.status != 200:
-            raise SystemExit(f"watch {path}: HTTP {self.response.status}: {self.response.read()[:300]!r}")
-        self.thread = threading.Thread(target=self._follow, name=f"tally {path}", daemon=True)
-        self.thread.start()
-
-    def _follow(self) -> None:
-        import json
-
-        try:
-            while line := self.response.readline():
-                event = json.loads(line)
-                kind, obj = event["type"], event["object"]
-                if kind == "ERROR":
-                    self.error = str(obj.get("message"))
-                    break
-                if kind == "BOOKMARK":
-                    continue
+        host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
+        sep = "&" if "?" in self.path else "?"
+        headers = {"Authorization": f"Bearer {self.plane.token(ADMIN_USER)}"}
+        while not self.closed:
+            try:
+                self.conn = http.client.HTTPSConnection(host, int(port), context=self.plane.ssl_context())
+                query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds=7200&resourceVersion={version}"
+                self.conn.request("GET", self.path + sep + query, headers=headers)
+                response = self.conn.getresponse()
+                if response.status != 200:
+                    raise OSError(f"HTTP {response.status}: {response.read()[:300]!r}")
+                while line := response.readline():
+                    event = json.loads(line)
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":  # 410 Gone: the version was compacted away
+                        break
+                    version = obj["metadata"].get("resourceVersion") or version
+                    if kind == "BOOKMARK":
+                        continue
+                    with self.changed:
+                        if kind == "DELETED":
+                            self.states.pop(obj["metadata"]["name"], None)
+                        else:
+                            self.states[obj["metadata"]["name"]] = self.state(obj)
+                        self.changed.notify_all()
+                if self.closed:
+                    return
+                self.relists += 1
+                version = self._list()
+            except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
+                if self.closed:
+                    return
                 with self.changed:
-                    if kind == "DELETED":
-                        self.states.pop(obj["metadata"]["name"], None)
-                    else:
-                        self.states[obj["metadata"]["name"]] = self.state(obj)
+                    self.error = f"{type(exc).__name__}: {exc}"
                     self.changed.notify_all()
-        except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
-            if self.closed:
                 return
-            self.error = self.error or f"{type(exc).__name__}: {exc}"
-        with self.changed:
-            self.error = self.error or "the watch ended"
-            self.changed.notify_all()
-
-    def count(self, state: str) -> int:
-        with self.changed:
-            return sum(1 for s in self.states.values() if s == state)
+            finally:
+                self.conn.close()
 
     def wait(self, state: str, expected: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
         """Until ``expected`` objects are in ``state``; SystemExit after ``timeout`` seconds,
-        when the watch ends, or when ``alive()`` turns false (the process doing the work died)."""
+        when the watch fails, or when ``alive()`` turns false (the process doing the work died)."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while sum(1 for s in self.states.values() if s == state) < expected:
@@ -243,10 +256,8 @@ class Tally:
 
     def close(self) -> None:
         self.closed = True
-        with contextlib.suppress(OSError):
-            if self.conn.sock is not None:
-                self.conn.sock.shutdown(socket.SHUT_RDWR)
-        self.conn.close()
+        with contextlib.suppress(OSError, AttributeError):
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
         self.thread.join(timeout=5)
 
 
@@ -450,6 +461,7 @@ class Bench:
             tally.wait("Bound", len(gpus), timeout=3600, alive=lambda: syncing.poll() is None)
             seconds = time.perf_counter() - started
             tally.close()
+            print(f"  (the bench's watch listed again {tally.relists} times)", file=sys.stderr)
             self.gpuplane_orders = seconds
             self.note(
                 f"gpuplane: {len(gpus):,} orders, first create → every status Bound",
@@ -573,6 +585,7 @@ class Bench:
                     raise
                 seconds = time.perf_counter() - started
                 tally.close()
+                print(f"  (the bench's watch listed again {tally.relists} times)", file=sys.stderr)
                 self.scheduler_orders[strategy] = seconds
                 self.note(
                     f"kube-scheduler ({strategy}): {len(pods):,} pods, first create → every pod bound",

@@ -163,8 +163,13 @@ def publish_full_pass_again(triggered_by: str) -> None:
 
 
 def _send_answer_pass() -> None:
+    send_answer_pass()
+
+
+def send_answer_pass(triggered_by: str | None = None) -> None:
+    """Publish an answer pass now (not at commit) unless one is queued."""
     if _claim(PassKind.ANSWER):
-        _publish(PassKind.ANSWER)
+        _publish(PassKind.ANSWER, triggered_by)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from binder.queue import (
     publish_full_pass_again,
     queue_full_pass,
     release,
+    send_answer_pass,
     send_full_pass,
 )
 from binder.runtime.checkpoint import save_on_shutdown
@@ -50,6 +51,15 @@ def full_pass_task(self: Task[Any, Any], triggered_by: str = "event") -> int | N
     return run_pass(PassKind.FULL, triggered_by=triggered_by).pk
 
 
+#: An answer pass some of whose status writes did not land asks for another at once, up to
+#: this many in a row (per worker process): a webhook call is waiting for those answers, and
+#: the next full pass may be seconds away. What did not land is mostly a row the sync held
+#: for a moment (it was mirroring the bind request's own watch event) or a 409; a write the
+#: apiserver refuses for good stops being retried here after these few.
+ANSWER_RETRIES = 10
+_answer_retries = 0
+
+
 @shared_task(name="binder.answer_pass")
 def answer_pass_task(triggered_by: str = "webhook") -> int:
     """Run one answer pass; returns the pass id.
@@ -58,8 +68,10 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
     a full pass, so it asks for one (collapsed like any event), but
     ``GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS`` later: a full pass started at once made
     the next answer passes, and the webhook calls waiting on them, wait for its end. The
-    set's usage record still opens at its binding (the device's ``since``).
+    set's usage record still opens at its binding (the device's ``since``). One whose
+    writes did not all land asks for another answer pass at once (``ANSWER_RETRIES``).
     """
+    global _answer_retries
     release(PassKind.ANSWER)
     if full_pass_overdue():
         # The queued full pass waited past GPUPLANE_FULL_PASS_MAX_DELAY_SECONDS behind answer
@@ -70,6 +82,11 @@ def answer_pass_task(triggered_by: str = "webhook") -> int:
     run = run_pass(PassKind.ANSWER, triggered_by=triggered_by)
     if run.bound or run.moved or run.lost or run.restored:
         queue_full_pass(triggered_by="answer", delay=settings.GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS)
+    if not run.writes_failed:
+        _answer_retries = 0
+    elif _answer_retries < ANSWER_RETRIES:
+        _answer_retries += 1
+        send_answer_pass(triggered_by="retry")
     return run.pk
 
 

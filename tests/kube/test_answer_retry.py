@@ -55,20 +55,20 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield calls
 
 
-def request(name: str, vm: str, request_id: str) -> None:
-    assert bind_requests.write_requests("t1", vm, (name,), request_id, {}) == 1
+def one_requested_order(plane: ControlPlane) -> None:
+    """t1's g0, a Pending GPU of vm0 with room for it on n1, mirrored, with a bind request."""
+    plane.seed(
+        namespace_obj("t1"), node_obj("n1", {H100: 8}), class_obj("h100", H100), gpu_obj("t1", "g0", "h100", "vm0")
+    )
+    sync.sync_once()
+    assert bind_requests.write_requests("t1", "vm0", ("g0",), "req-1", {}) == 1
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_skipped_answer_is_retried_at_once_and_lands_once_the_row_is_free(
     apiserver: ControlPlane, postgres_only: None, asked: list[str]
 ) -> None:
-    apiserver.seed(
-        namespace_obj("t1"), node_obj("n1", {H100: 8}), class_obj("h100", H100), gpu_obj("t1", "g0", "h100", "vm0")
-    )
-    sync.sync_once()
-    request("g0", "vm0", "req-1")
-
+    one_requested_order(apiserver)
     holder = RowHolder("g0")
     try:
         first = models.PassRun.objects.get(pk=tasks.answer_pass_task())
@@ -92,11 +92,7 @@ def test_retries_stop_after_a_few_in_a_row_while_the_write_never_lands(
     apiserver: ControlPlane, postgres_only: None, asked: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tasks, "ANSWER_RETRIES", 2)
-    apiserver.seed(
-        namespace_obj("t1"), node_obj("n1", {H100: 8}), class_obj("h100", H100), gpu_obj("t1", "g0", "h100", "vm0")
-    )
-    sync.sync_once()
-    request("g0", "vm0", "req-1")
+    one_requested_order(apiserver)
     holder = RowHolder("g0")
     try:
         for _ in range(4):

@@ -59,6 +59,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -248,9 +249,7 @@ class Tally:
         with self.changed:
             while sum(1 for s in self.states.values() if s == state) < expected:
                 if self.error or not alive() or time.monotonic() > deadline:
-                    counts: dict[str, int] = {}
-                    for s in self.states.values():
-                        counts[s] = counts.get(s, 0) + 1
+                    counts = dict(Counter(self.states.values()))
                     raise SystemExit(f"not {expected:,} {state} within {timeout:.0f} s: {counts} {self.error}")
                 self.changed.wait(1.0)
 
@@ -534,17 +533,9 @@ class Bench:
 
     def pod_states(self, namespace: str) -> tuple[int, int, int]:
         """(bound, unschedulable, total) of the namespace's pods."""
-        bound = unschedulable = 0
         items = self.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
-        for pod in items:
-            if pod["spec"].get("nodeName"):
-                bound += 1
-            elif any(
-                c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-                for c in (pod.get("status") or {}).get("conditions") or []
-            ):
-                unschedulable += 1
-        return bound, unschedulable, len(items)
+        counts = Counter(pod_state(pod) for pod in items)
+        return counts["bound"], counts["unschedulable"], len(items)
 
     def run_scheduler(self) -> None:
         from tests.support.controlplane import tool
@@ -661,10 +652,11 @@ class Bench:
         probe = self.bound_vmis("order", self.order_sizes, range(count, count + 1))[0]
         while not self.create_vmi(probe, dry_run=True)[1]["spec"].get("nodeSelector"):
             time.sleep(0.2)
+        bodies = self.bound_vmis("order", self.order_sizes, range(count))
         webhook_before = self.plane.webhook_seconds("vmi.gpuplane.io")
         on: list[float] = []
         off: list[float] = []
-        for i, body in enumerate(self.bound_vmis("order", self.order_sizes, range(count))):
+        for i, body in enumerate(bodies):
             twin = {**body, "metadata": {**body["metadata"], "namespace": OFF_NAMESPACE}}
             for which in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 if which == "on":
@@ -677,7 +669,7 @@ class Bench:
                     off.append(seconds)
         after = self.plane.webhook_seconds("vmi.gpuplane.io")
         calls, total = (a - b for a, b in zip(after, webhook_before, strict=True))
-        direct = self.straight_to_webhook(port, self.bound_vmis("order", self.order_sizes, range(count)))
+        direct = self.straight_to_webhook(port, bodies)
         self.note(
             f"VMI create, webhook off ({count} one at a time, interleaved with the creates below)",
             f"p50 {pct(off, 50) * 1000:.0f} ms, p99 {pct(off, 99) * 1000:.0f} ms",
@@ -701,8 +693,7 @@ class Bench:
 
         from tests.support.factories import review
 
-        token = (self.plane.dir / "webhook-token").read_text().strip()
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {self.plane.webhook_token}", "Content-Type": "application/json"}
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=self.plane.ssl_context(), timeout=15)
         seconds = []
         try:

@@ -162,10 +162,6 @@ def publish_full_pass_again(triggered_by: str) -> None:
     _publish(PassKind.FULL, triggered_by)
 
 
-def _send_answer_pass() -> None:
-    send_answer_pass()
-
-
 def send_answer_pass(triggered_by: str | None = None) -> None:
     """Publish an answer pass now (not at commit) unless one is queued."""
     if _claim(PassKind.ANSWER):
@@ -245,4 +241,4 @@ def queue_auto_full_pass() -> None:
 
 def queue_answer_pass() -> None:
     """Ask for an answer pass once the current transaction commits."""
-    _queue_on_commit(_send_answer_pass)
+    _queue_on_commit(send_answer_pass)

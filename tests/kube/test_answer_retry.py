@@ -9,41 +9,16 @@ row is held here the same way, by another transaction.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
 
 from binder import models, sync, tasks
 from binder.runtime import bind_requests
-from tests.support.cluster_mode import cluster_gpus
+from tests.support.cluster_mode import RowHolder, cluster_gpus
 from tests.support.controlplane import ControlPlane
 from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-
-
-class RowHolder:
-    """A transaction holding one device's row, as the sync's batch does while it mirrors."""
-
-    def __init__(self, name: str) -> None:
-        self.locked, self.release = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._hold, args=(name,))
-        self.thread.start()
-        assert self.locked.wait(10)
-
-    def _hold(self, name: str) -> None:
-        try:
-            with transaction.atomic():
-                models.GpuDevice.objects.select_for_update().get(name=name)
-                self.locked.set()
-                self.release.wait(60)
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self.release.set()
-        self.thread.join(10)
 
 
 @pytest.fixture

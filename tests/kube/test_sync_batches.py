@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
 
 from binder import models, sync
 from binder.kube import client as kube_client
-from tests.support.cluster_mode import GPUS, cluster_gpus, wait_for
+from tests.support.cluster_mode import GPUS, RowHolder, cluster_gpus, wait_for
 from tests.support.controlplane import ControlPlane
 from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
@@ -149,20 +148,7 @@ def test_an_event_whose_row_a_pass_holds_waits_aside_and_the_rest_of_its_batch_l
     stop = threading.Event()
     runner = sync.KindSync("GPU", stop, relist_seconds=300, watch_seconds=30)
     runner.relist()
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_g1() -> None:  # as a pass holds a device's row while it writes its status
-        try:
-            with transaction.atomic():
-                models.GpuDevice.objects.select_for_update().get(name="g1")
-                locked.set()
-                release.wait(60)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_g1)
-    holder.start()
-    assert locked.wait(10)
+    holder = RowHolder("g1")  # as a pass holds a device's row while it writes its status
     thread = threading.Thread(target=runner.run)
     thread.start()
     try:
@@ -173,14 +159,13 @@ def test_an_event_whose_row_a_pass_holds_waits_aside_and_the_rest_of_its_batch_l
         annotate(apiserver, "g0", "r2")
         wait_for(lambda: rows()["g0"][1] == "r2", what="g0's second event")
         assert rows()["g1"][1] == "", "g1's event went past the transaction holding its row"
-        release.set()
-        holder.join(10)
+        holder.stop()
         cluster = cluster_gpus(apiserver)[("t1", "g1")]
         wait_for(lambda: rows()["g1"][1] == "r2", what="g1's events, once its row is free")
         wait_for(lambda: rows()["g1"][2] == cluster_gpus(apiserver)[("t1", "g1")]["metadata"]["resourceVersion"])
         assert cluster["metadata"]["annotations"]["gpuplane.io/bind-request"] == "r2"
     finally:
-        release.set()
+        holder.stop()
         stop.set()
         thread.join(15)
     assert not thread.is_alive()

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connection, transaction
+
 from binder import models, sync
 from tests.support.controlplane import UNION_USER, ControlPlane
 from tests.support.shapes import (
@@ -102,3 +104,27 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
 def gpu_lists(server: ControlPlane) -> int:
     """How many LISTs of GPUs gpuplane has made (the test's own reads not counted)."""
     return sum(1 for call in server.calls(UNION_USER) if call.resource == "gpus" and call.verb == "list")
+
+
+class RowHolder:
+    """A transaction holding one device's row until :meth:`stop`, as a pass does while it writes
+    its statuses, or the sync's batch while it mirrors."""
+
+    def __init__(self, name: str) -> None:
+        self.locked, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(name,))
+        self.thread.start()
+        assert self.locked.wait(10)
+
+    def _hold(self, name: str) -> None:
+        try:
+            with transaction.atomic():
+                models.GpuDevice.objects.select_for_update().get(name=name)
+                self.locked.set()
+                self.release.wait(60)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.thread.join(10)

@@ -234,7 +234,7 @@ def test_a_binder_refusal_is_denied_with_its_reason(client: Client) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_timeout_is_denied_with_try_again(client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster(*vm1_set())
-    monkeypatch.setattr("binder.queue._send_answer_pass", lambda: None)  # the queue never runs it
+    monkeypatch.setattr("binder.queue.send_answer_pass", lambda: None)  # the queue never runs it
     settings.GPUPLANE_BIND_WAIT_SECONDS = 0.3
     body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
     started = time.monotonic()

@@ -266,7 +266,7 @@ def test_a_call_joins_a_request_in_flight_and_replaces_an_answered_or_old_one(
         answered_request="r-before" if answered else "",
         bind_requested_at=timezone.now() - timedelta(seconds=age),
     )
-    monkeypatch.setattr("binder.queue._send_answer_pass", lambda: None)  # the binder never answers
+    monkeypatch.setattr("binder.queue.send_answer_pass", lambda: None)  # the binder never answers
     settings.GPUPLANE_BIND_WAIT_SECONDS = 0.3
     body = review(new_vmi("t0", "vm0", ["vm0-gpu0", "vm0-gpu1"]))
     assert "try again" in denied(post(client, body), body)

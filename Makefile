@@ -32,11 +32,13 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 ## kube-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and promtool from the
 ## pinned Go modules in hack/kube (cached outside the repo by go.sum's hash; nothing to do when built;
-## KUBEBUILDER_ASSETS=DIR uses envtest's binaries instead), and KubeVirt's VMI CRD from hack/kubevirt
+## KUBEBUILDER_ASSETS=DIR uses envtest's binaries instead), KubeVirt's virt-controller and manifests from
+## hack/kubevirt, and kwok from hack/kwok
 .PHONY: kube-bin
 kube-bin:
 	@hack/kube-bin.sh >/dev/null
-	@hack/kubevirt-crd.sh >/dev/null
+	@hack/kubevirt-bin.sh >/dev/null
+	@hack/kwok-bin.sh >/dev/null
 
 # The cluster tests run on the real control plane: build it first (once). Without Go or
 # KUBEBUILDER_ASSETS the rest of the suite still runs and each cluster test fails with one
@@ -44,7 +46,8 @@ kube-bin:
 .PHONY: kube-bin-for-tests
 kube-bin-for-tests:
 	@hack/kube-bin.sh >/dev/null || echo "warning: no control-plane binaries: the cluster tests will fail (install Go >= 1.26 and run make kube-bin, or set KUBEBUILDER_ASSETS)" >&2
-	@hack/kubevirt-crd.sh >/dev/null || echo "warning: no KubeVirt VMI CRD: the cluster tests will fail (install Go >= 1.26 and run make kube-bin)" >&2
+	@hack/kubevirt-bin.sh >/dev/null || echo "warning: no KubeVirt CRDs or virt-controller: the cluster tests will fail (install Go >= 1.26 and run make kube-bin)" >&2
+	@hack/kwok-bin.sh >/dev/null || echo "warning: no kwok: the VM lifecycle tests will fail (install Go >= 1.26 and run make kube-bin)" >&2
 
 ## services: start PostgreSQL and Redis on this machine when they are not running (root; hack/services.sh)
 .PHONY: services

@@ -204,6 +204,11 @@ class GpuDevice(NamespacedMirror):
         default="",
         help_text="status.reclaimFor: <namespace>/<vm> of the waiting set this borrowed set's GPUs are wanted for",
     )
+    admitted = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="gpuplane.io/admitted: when the webhook last pinned a VMI to this set (its first member only)",
+    )
     created = models.DateTimeField(null=True, blank=True)
     resource_version = resource_version_field()
 

@@ -61,6 +61,7 @@ BASE_TEMPLATES = (
     "sync",
     "webhook",
     "finalizer-policy",
+    "launcher-policy",
 )
 HELM_ONLY_LABELS = re.compile(
     r"^\s*(helm\.sh/chart|app\.kubernetes\.io/(managed-by|instance|version)|checksum/settings):.*\n", re.M

@@ -1,4 +1,4 @@
-# Sourced by the scripts that build Go tools (hack/kube-bin.sh, hack/kubevirt-crd.sh): find the
+# Sourced by the scripts that build Go tools (hack/kube-bin.sh, hack/kubevirt-bin.sh, hack/kwok-bin.sh): find the
 # go command (PATH, else where Debian and go.dev's tarball put it) and set the pinned-build
 # environment, or stop with the caller's message saying what needs Go.
 #

@@ -36,6 +36,7 @@ from tests.support.controlplane import UNION_USER, ControlPlane, ControlPlaneErr
 from tests.support.factories import two_tenants
 from tests.support.faults import FaultWebhook, WatchProxy
 from tests.support.staff_cluster import load_staff_cluster
+from tests.support.vm_cluster import Gpuplane, VmCluster
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -197,6 +198,50 @@ def watch_proxy(apiserver: ControlPlane) -> Iterator[WatchProxy]:
         proxy.withhold = None
         kube_connection.use(None)
         proxy.stop()
+
+
+# -- the VM cluster: kube-scheduler, KubeVirt's virt-controller and kwok (tests/support/vm_cluster.py) ----
+
+
+@pytest.fixture(scope="session")
+def vm_cluster_session() -> Iterator[VmCluster]:
+    """This xdist worker's VM cluster, started on first use, stopped with the session."""
+    cluster = VmCluster()
+    try:
+        cluster.start()
+    except ControlPlaneError as exc:
+        cluster.stop()
+        pytest.fail(str(exc), pytrace=False)
+    except BaseException:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def vm_cluster(vm_cluster_session: VmCluster, settings: Any) -> Iterator[VmCluster]:
+    """The VM cluster emptied of the previous test's objects, with this process's gpuplane
+    reading it as ``gpuplane-test`` (what a test asks of the mirror)."""
+    vm_cluster_session.check_running()
+    vm_cluster_session.reset()
+    settings.GPUPLANE_CLUSTER = "kubernetes"
+    kube_connection.use(vm_cluster_session.plane.kube_api(UNION_USER))
+    try:
+        yield vm_cluster_session
+    finally:
+        kube_connection.use(None)
+
+
+@pytest.fixture
+def gpuplane(vm_cluster: VmCluster, transactional_db: None, broker: redis.Redis, tmp_path: Path) -> Iterator[Gpuplane]:
+    """gpuplane as deployed on the VM cluster (tests/support/vm_cluster.py :class:`Gpuplane`),
+    stopped before the test's database is emptied."""
+    deployed = Gpuplane(vm_cluster, tmp_path, GPUPLANE_NODE_GRACE_SECONDS="5").start()
+    try:
+        yield deployed
+    finally:
+        deployed.stop()
 
 
 # -- real parts: Redis, `celery worker`, gunicorn (tests/support/workers.py) ------------------------------

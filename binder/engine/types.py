@@ -230,6 +230,11 @@ class Device:
     reclaim_for: str = ""
     """``status.reclaimFor``: ``<namespace>/<vm>`` of the waiting set this borrowed set's
     GPUs are wanted back for; empty while nobody waits for them."""
+    admitted: datetime | None = None
+    """The ``gpuplane.io/admitted`` annotation, on a set's first member only: when the webhook
+    last allowed a VMI pinned to where the set is Bound. Its write and a pass's move of the
+    set exclude each other (each is conditioned on the version it read), so a record that
+    differs from the one a pass decided from makes the pass leave the set where it is."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -280,6 +285,7 @@ class Device:
             self.choices,
             self.borrowed if borrowed is None else borrowed,
             self.reclaim_for if reclaim_for is None else reclaim_for,
+            self.admitted,
         )
 
 

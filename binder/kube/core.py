@@ -252,28 +252,29 @@ def _ref_field(r: Reader, base: str, ref: Mapping[str, Any], field: str, max_len
 def owner_hint(r: Reader) -> tuple[dict[str, str], str]:
     """The pod's controller owner reference and the VMI name it hints at.
 
-    The hint is the owner reference of kind VirtualMachineInstance, else the
-    ``kubevirt.io/domain`` annotation. It only says which VMI to look up: it is never proof that the pod is
-    that VMI's launcher.
+    The hint is the name in a *controller* owner reference of kind VirtualMachineInstance, and
+    nothing else (no label or annotation). It only says which VMI to look up; the VMI's
+    ``activePods`` decides. Why so narrow: KubeVirt's virt-controller lists in ``activePods``
+    every ``kubevirt.io``-labelled pod whose controller reference carries the VMI's uid, of
+    whatever kind it claims; gpuplane's launcher policy (a ValidatingAdmissionPolicy) lets only
+    KubeVirt's controller make pods whose controller is of kind VirtualMachineInstance. A pod
+    that names the VMI's uid under another kind, or names the VMI in an annotation, is
+    therefore never taken for a launcher: its GPUs count as raw usage in full.
     """
     owner: dict[str, str] = {}
+    controller = False
     refs = r.listing("metadata.ownerReferences")
     for index, ref in enumerate(refs):
         if not isinstance(ref, Mapping):
             raise r.fail(f"metadata.ownerReferences[{index}]", "must be a mapping")
         if ref.get("controller") or len(refs) == 1:
             base = f"metadata.ownerReferences[{index}]"
+            controller = ref.get("controller") is True
             owner = {
                 field: _ref_field(r, base, ref, field, limit)
                 for field, limit in (("kind", KIND_MAX), ("name", NAME_MAX), ("uid", UID_MAX))
             }
-    hint = owner.get("name", "") if owner.get("kind") == "VirtualMachineInstance" else ""
-    if not hint:
-        hint = r.limited(
-            "metadata.annotations[kubevirt.io/domain]",
-            r.string_map("metadata.annotations").get("kubevirt.io/domain", ""),
-            NAME_MAX,
-        )
+    hint = owner.get("name", "") if controller and owner.get("kind") == "VirtualMachineInstance" else ""
     return owner, hint
 
 

@@ -17,6 +17,8 @@ GROUP = "gpuplane.io"
 BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
 #: The VMI's own nodeSelector, as JSON, written by the webhook with the bind request.
 BIND_NODE_SELECTOR_ANNOTATION = "gpuplane.io/bind-node-selector"
+#: When the webhook allowed a VMI pinned to the set (RFC 3339), on the set's first member.
+ADMITTED_ANNOTATION = "gpuplane.io/admitted"
 PHASES = ("Pending", "Bound", "Lost")
 
 
@@ -122,6 +124,9 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "answered_request": r.string("status.answeredRequest", max_length=REQUEST_ID_MAX),
             "answer": r.string("status.answer"),
             "created": r.timestamp("metadata.creationTimestamp"),
+            "admitted": r.time_value(
+                f"metadata.annotations[{ADMITTED_ANNOTATION}]", annotations.get(ADMITTED_ANNOTATION)
+            ),
             "status_class_name": r.string("status.className", max_length=NAME_MAX) if phase != "Pending" else "",
             **_lending_status(r, phase),
         },

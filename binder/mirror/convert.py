@@ -101,6 +101,7 @@ def device_from(
     status_class_name: str = "",
     borrowed: bool = False,
     reclaim_for: str = "",
+    admitted: datetime | None = None,
 ) -> e.Device:
     phase_ = PHASES[phase]
     choices: tuple[str, ...] = ()
@@ -130,6 +131,7 @@ def device_from(
         choices,
         bool(borrowed) and phase_ is not e.Phase.PENDING,
         intern(reclaim_for) if reclaim_for and phase_ is not e.Phase.PENDING else "",
+        _since(admitted) if admitted else None,
     )
 
 
@@ -230,6 +232,7 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "status_class_name",
             "borrowed",
             "reclaim_for",
+            "admitted",
         ),
     ),
     "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),

@@ -494,10 +494,12 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         choices=("h100", "a10"),
         borrowed=True,
         reclaim_for="t2/waiting",
+        admitted=NOW - timedelta(minutes=1),
     )
     assert {f.name for f in dataclasses.fields(e.Device)} == {
         "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
         "answered_request", "answer", "created", "bind_node_selector", "choices", "borrowed", "reclaim_for",
+        "admitted",
     }  # fmt: skip
     moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
     assert moved == dataclasses.replace(

@@ -189,6 +189,26 @@ def test_pod_requests_fall_back_to_limits(tmp_path: Path) -> None:
     assert pods["limits-only"].owner_vmi_hint == "vm1"
 
 
+def test_only_a_vmi_controller_reference_hints_at_a_launcher(tmp_path: Path) -> None:
+    """KubeVirt's virt-controller matches a controller reference by uid alone, so a pod naming
+    the VMI's uid under another kind would be listed in activePods; the launcher policy guards
+    only the kind VirtualMachineInstance. Such a pod, and one naming the VMI only in KubeVirt's
+    annotation or in a reference that is not its controller, hints at no VMI."""
+    vmi = vmi_obj("t1", "vm1", ["g0"], {}, "n1")
+    other_kind = launcher_obj(vmi, A10, 1, "n1", name="other-kind")
+    other_kind["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="ReplicaSet")
+    not_controller = launcher_obj(vmi, A10, 1, "n1", name="not-controller")
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    annotation_only = launcher_obj(vmi, A10, 1, "n1", name="annotation-only")
+    del annotation_only["metadata"]["ownerReferences"]
+    real = launcher_obj(vmi, A10, 1, "n1", name="real")
+    load_file(write_snapshot(tmp_path / "pods.yaml", [other_kind, not_controller, annotation_only, real]))
+
+    hints = dict(models.Pod.objects.values_list("name", "owner_vmi_hint"))
+    assert hints == {"other-kind": "", "not-controller": "", "annotation-only": "", "real": "vm1"}
+    assert "kubevirt.io/domain" in annotation_only["metadata"]["annotations"]
+
+
 def test_node_conditions_and_vmi_host_devices(tmp_path: Path) -> None:
     bare = node_obj("bare", {A10: 1})
     del bare["status"]["conditions"]  # no conditions at all: counts as Ready

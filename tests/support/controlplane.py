@@ -60,8 +60,10 @@ CRDS = ROOT / "deploy" / "base" / "crds"
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
 FINALIZER_POLICY = ROOT / "deploy" / "base" / "finalizer-policy.yaml"
 NAMESPACE = ROOT / "deploy" / "base" / "namespace.yaml"
-#: KubeVirt's VirtualMachineInstance CRD as the test control plane serves it.
-KUBEVIRT_CRD = ROOT / "hack" / "kubevirt-crd.sh"
+#: KubeVirt's CRDs, virt-controller and its RBAC, and the KubeVirt object (hack/kubevirt-bin.sh).
+KUBEVIRT_BIN = ROOT / "hack" / "kubevirt-bin.sh"
+#: kwok and the stages it runs with (hack/kwok-bin.sh).
+KWOK_BIN = ROOT / "hack" / "kwok-bin.sh"
 # Kinds whose CRD has no status subresource: KubeVirt's virt-controller writes a VMI's status
 # with the object itself, and KubeVirt's own CRD (installed here) serves no ``/status``.
 NO_STATUS_SUBRESOURCE = frozenset({"VirtualMachineInstance"})
@@ -112,34 +114,37 @@ class ApiError(Exception):
         super().__init__(f"{code} {self.reason}: {self.message}")
 
 
+def built(script: Path, what: str, timeout: float = 3600) -> Path:
+    """The directory a ``hack/*-bin.sh`` script built (or found) its outputs in: the script
+    prints it last; a clear error naming ``what`` and how to get it otherwise."""
+    try:
+        done = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ControlPlaneError(f"{what} ({exc})") from exc
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ControlPlaneError(f"{what} (hack/{script.name}: {detail})")
+    return Path(lines[-1])
+
+
 @functools.cache
 def binaries_dir() -> Path:
-    """Where etcd, kube-apiserver and kube-controller-manager are: built (or found) by
-    ``hack/kube-bin.sh``, which prints the directory last; a clear error otherwise."""
-    try:
-        done = subprocess.run(["bash", str(KUBE_BIN)], check=False, capture_output=True, text=True, timeout=3600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ControlPlaneError(f"{HOW_TO_GET_BINARIES} ({exc})") from exc
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ControlPlaneError(f"{HOW_TO_GET_BINARIES} (hack/kube-bin.sh: {detail})")
-    return Path(lines[-1])
+    """Where etcd, kube-apiserver, kube-controller-manager and kube-scheduler are."""
+    return built(KUBE_BIN, HOW_TO_GET_BINARIES)
 
 
 @functools.cache
-def kubevirt_vmi_crd() -> Path:
-    """KubeVirt's VirtualMachineInstance CRD as virt-operator installs it, generated from the
-    pinned kubevirt.io/kubevirt module by ``hack/kubevirt-crd.sh`` (which prints its path last)."""
-    try:
-        done = subprocess.run(["bash", str(KUBEVIRT_CRD)], check=False, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ControlPlaneError(f"KubeVirt's VMI CRD: {exc}") from exc
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ControlPlaneError(f"KubeVirt's VMI CRD (hack/kubevirt-crd.sh): {detail}")
-    return Path(lines[-1])
+def kubevirt_dir() -> Path:
+    """KubeVirt's manifests as virt-operator installs them and virt-controller, built from the
+    pinned kubevirt.io/kubevirt module (``hack/kubevirt-bin.sh``)."""
+    return built(KUBEVIRT_BIN, "KubeVirt's CRDs and virt-controller: install Go >= 1.26 and run `make kube-bin`")
+
+
+@functools.cache
+def kwok_dir() -> Path:
+    """kwok and its stages, built from the pinned sigs.k8s.io/kwok module (``hack/kwok-bin.sh``)."""
+    return built(KWOK_BIN, "kwok: install Go >= 1.26 and run `make kube-bin`")
 
 
 def tool(name: str) -> Path:
@@ -342,10 +347,36 @@ class Call:
         return (self.group, self.resource, self.verb)
 
 
+@dataclass(frozen=True)
+class Profile:
+    """What a control plane runs beyond etcd and kube-apiserver, and what its reset keeps.
+
+    :data:`BASE` is the cluster most cluster tests need: only the namespace and garbage-collector
+    controllers, KubeVirt's VMI CRD, and nothing that would act on the nodes and pods a test
+    writes itself. The VM cluster (``tests.support.vm_cluster``) adds the node lifecycle and
+    taint-eviction controllers, every KubeVirt CRD and the KubeVirt object, and the reset keeps
+    what KubeVirt's controller needs (its namespace, its lease).
+    """
+
+    controllers: tuple[str, ...] = ("namespace-controller", "garbage-collector-controller")
+    #: Every KubeVirt CRD, virt-controller's RBAC and the KubeVirt object, or the VMI CRD only.
+    kubevirt: bool = False
+    apiserver_flags: tuple[str, ...] = ()
+    controller_manager_flags: tuple[str, ...] = ()
+    #: Users beyond the admin and gpuplane's identities: (user name, groups).
+    users: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    reset_prefixes: tuple[str, ...] = RESET_PREFIXES
+    kept_namespaces: frozenset[str] = KEPT_NAMESPACES
+
+
+BASE = Profile()
+
+
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager on loopback ports."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, profile: Profile = BASE) -> None:
+        self.profile = profile
         # etcd's data in memory: nothing here must survive a crash.
         shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp directory under it
         base = shm if shm.is_dir() else Path(tempfile.gettempdir())
@@ -403,6 +434,7 @@ class ControlPlane:
                 f"--audit-policy-file={self.dir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-mode=blocking", "--audit-log-maxsize=0",
                 f"--admission-control-config-file={self.dir / 'admission.yaml'}",
+                *self.profile.apiserver_flags,
             ],
             self.dir / "kube-apiserver.log",
         )  # fmt: skip
@@ -410,8 +442,9 @@ class ControlPlane:
             "kube-controller-manager",
             [
                 str(kcm), f"--kubeconfig={self.kubeconfig('kube-controller-manager')}",
-                "--controllers=namespace-controller,garbage-collector-controller",
+                f"--controllers={','.join(self.profile.controllers)}",
                 "--leader-elect=false", "--secure-port=0", "--concurrent-namespace-syncs=4",
+                *self.profile.controller_manager_flags,
             ],
             self.dir / "kube-controller-manager.log",
         )  # fmt: skip
@@ -446,6 +479,8 @@ class ControlPlane:
                 ["system:serviceaccounts", f"system:serviceaccounts:{SYSTEM_NAMESPACE}"],
             )
         add(UNION_USER, UNION_USER, [])
+        for user, groups in self.profile.users:
+            add(user, user, list(groups))
         (self.dir / "tokens.csv").write_text("\n".join(rows) + "\n")
         # What the apiserver presents when it calls an admission webhook (docs/webhook.md, "Who
         # may call"): a client certificate for one port on localhost, this bearer token elsewhere.
@@ -550,7 +585,8 @@ class ControlPlane:
         """The CRDs (deploy/'s and KubeVirt's VMI), deploy/'s namespace and RBAC, and the
         union identity's bindings; then wait until the CRDs serve."""
         docs: list[dict[str, Any]] = []
-        for path in [*sorted(CRDS.glob("*.yaml")), kubevirt_vmi_crd()]:
+        kubevirt = kubevirt_dir() / ("crds.yaml" if self.profile.kubevirt else "virtualmachineinstances.kubevirt.io.yaml")
+        for path in [*sorted(CRDS.glob("*.yaml")), kubevirt]:
             if path.name != "kustomization.yaml":
                 docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
         docs += [d for d in yaml.safe_load_all(NAMESPACE.read_text()) if d]
@@ -810,12 +846,13 @@ class ControlPlane:
     def reset(self) -> None:
         """Delete every object a test could have made, straight from etcd; wait until the
         apiserver's caches no longer serve them."""
-        for prefix in RESET_PREFIXES:
+        kept = self.profile.kept_namespaces
+        for prefix in self.profile.reset_prefixes:
             self.etcd("kv/deleterange", _prefix_range(prefix))
         listed = self.etcd("kv/range", {**_prefix_range("/registry/namespaces/"), "keys_only": True})
         for item in listed.get("kvs", []):
             key = base64.b64decode(item["key"]).decode()
-            if key.rsplit("/", 1)[-1] not in KEPT_NAMESPACES:
+            if key.rsplit("/", 1)[-1] not in kept:
                 self.etcd("kv/deleterange", {"key": item["key"]})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -824,7 +861,7 @@ class ControlPlane:
                 for path in ("/api/v1/nodes", "/api/v1/pods", "/apis/gpuplane.io/v1alpha1/gpus")
             ]
             namespaces = {n["metadata"]["name"] for n in self.request("GET", "/api/v1/namespaces")["items"]}
-            if not any(left) and namespaces <= KEPT_NAMESPACES:
+            if not any(left) and namespaces <= kept:
                 break
             time.sleep(0.05)
         self.mark_calls()

@@ -1,0 +1,227 @@
+"""A VM's life on the VM cluster, with the real writer of every field gpuplane reads.
+
+kube-scheduler binds pods, KubeVirt's virt-controller makes VMIs from VirtualMachines, makes
+their launcher pods and writes ``status.activePods``, kwok runs pods and keeps nodes Ready, and
+kube-controller-manager taints and evicts (tests/support/vm_cluster.py). gpuplane runs as
+deployed: the sync, the binder and the webhook server registered from deploy/, with deploy/'s
+launcher policy. Each test acts through the API as a tenant or an operator does; no test writes
+a status, a node name or ``activePods``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from binder import models
+from binder.reports.state import cluster_state
+from binder.usage_record import UsageRecord
+from tests.support.controlplane import ApiError
+from tests.support.shapes import H100, class_obj
+from tests.support.vm_cluster import (
+    TENANT_USER,
+    Gpuplane,
+    VmCluster,
+    forged_launcher,
+    pod_path,
+    raw_pod,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+GPUS = "/apis/gpuplane.io/v1alpha1/namespaces/{ns}/gpus"
+
+
+def gpu(namespace: str, name: str, vm: str, class_name: str = "h100") -> dict[str, Any]:
+    return {"apiVersion": "gpuplane.io/v1alpha1", "kind": "GPU", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"className": class_name, "vmName": vm}}  # fmt: skip
+
+
+def order(cluster: VmCluster, namespace: str, vm: str, count: int) -> list[str]:
+    """``count`` GPUs of class h100 for ``vm``, ordered as the tenant orders them."""
+    names = [f"{vm}-gpu{i}" for i in range(count)]
+    for name in names:
+        cluster.request("POST", GPUS.format(ns=namespace), gpu(namespace, name, vm))
+    return names
+
+
+def two_nodes(cluster: VmCluster) -> None:
+    """n1 and n2 with 8 H100 each (n1's hostname label differs from its name, as on EKS), the
+    class, and tenant t1's namespace."""
+    cluster.add_node("n1", {H100: 8}, hostname="hgx-01")
+    cluster.add_node("n2", {H100: 8})
+    cluster.request("POST", "/apis/gpuplane.io/v1alpha1/gpuclasses", class_obj("h100", H100))
+    cluster.tenant_namespace("t1")
+    cluster.wait_nodes_ready("n1", "n2")
+
+
+def state() -> dict[str, Any]:
+    """gpuplane's view (``manage.py dump_state --json``), from the mirror the sync keeps."""
+    return cluster_state()
+
+
+def booked(node: str) -> int:
+    for row in state()["nodes"]:
+        if row["name"] == node:
+            return int(row["resources"].get(H100, {}).get("booked", 0))
+    return 0
+
+
+def usage(namespace: str, key: str) -> int:
+    for row in state()["tenants"]:
+        if row["namespace"] == namespace:
+            return int(row["usage"].get(key, 0))
+    return 0
+
+
+def placement(cluster: VmCluster, namespace: str, names: list[str]) -> set[tuple[str, str]]:
+    """Each named GPU's (phase, node) as the API holds it."""
+    gpus = cluster.gpus(namespace)
+    return {((gpus[n].get("status") or {}).get("phase", ""), (gpus[n].get("status") or {}).get("node", ""))
+            for n in names}  # fmt: skip
+
+
+def mirrored(condition: Any, what: str, cluster: VmCluster, gpuplane: Gpuplane, timeout: float = 30) -> None:
+    wait_for(condition, timeout, what, detail=lambda: cluster.describe("t1") + "\n--- sync log ---\n"
+             + gpuplane.log("sync")[-3000:])  # fmt: skip
+
+
+def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
+    """VirtualMachine created → virt-controller creates its VMI → the webhook binds the order and
+    pins the VMI → virt-controller makes the launcher asking the raw device names → kube-scheduler
+    places it on the pinned node → kwok runs it → virt-controller lists it in activePods →
+    gpuplane counts its units once: node booking, tenant usage and usage records."""
+    two_nodes(vm_cluster)
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    launcher = vm_cluster.running_launcher("t1", "vm1")
+
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None
+    ((phase, node),) = placement(vm_cluster, "t1", devices)
+    assert phase == "Bound"
+    # The webhook pinned the VMI by the node's own hostname label; KubeVirt carried the pin to the pod.
+    expected_hostname = "hgx-01" if node == "n1" else node
+    assert vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
+    assert launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
+    assert launcher["spec"]["nodeName"] == node
+    # virt-controller asked the raw device names of kube-scheduler, one unit per GPU.
+    compute = next(c for c in launcher["spec"]["containers"] if c["name"] == "compute")
+    assert compute["resources"]["requests"][H100] == "2"
+    assert vmi["status"]["activePods"] == {launcher["metadata"]["uid"]: node}
+
+    # Counted once: the set's 2 units, not 2 more for the launcher asking the same devices.
+    mirrored(lambda: models.Pod.objects.filter(uid=launcher["metadata"]["uid"], phase="Running").exists()
+             and booked(node) == 2, "the mirror to count the launcher once", vm_cluster, gpuplane)  # fmt: skip
+    assert usage("t1", H100) == 2 and usage("t1", "h100") == 2
+    mirrored(lambda: UsageRecord.objects.filter(namespace="t1", end=None, phase="Bound").count() == 2,
+             "two open device records", vm_cluster, gpuplane)  # fmt: skip
+    assert not UsageRecord.objects.filter(namespace="t1", subject_kind="Pod").exists()
+
+
+def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """Stop: virt-controller deletes the VMI and its launcher; the set stays Bound (the devices are
+    kept across a stop) and the usage records stay open; the restart lands on the same node."""
+    two_nodes(vm_cluster)
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+
+    vm_cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: vm_cluster.vmi("t1", "vm1") is None and not vm_cluster.launchers("t1", "vm1"), 60,
+             "the VMI and its launcher gone", detail=lambda: vm_cluster.describe("t1"))  # fmt: skip
+    mirrored(lambda: not models.VirtualMachineInstance.objects.filter(name="vm1").exists()
+             and not models.Pod.objects.filter(uid=first["metadata"]["uid"]).exists(),
+             "the mirror to drop the VMI and its launcher", vm_cluster, gpuplane)  # fmt: skip
+    assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
+    assert booked(node) == 2
+    assert UsageRecord.objects.filter(namespace="t1", end=None, phase="Bound").count() == 2
+
+    vm_cluster.set_running("t1", "vm1", True)
+    second = vm_cluster.running_launcher("t1", "vm1")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert second["spec"]["nodeName"] == node
+    assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
+
+
+def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """Without deploy/'s launcher policy, KubeVirt's own virt-controller lists a tenant's pod that
+    carries the kubevirt.io label and a controller reference to the VMI in that VMI's activePods,
+    beside the real launcher: the pod would hide its GPUs behind the VM. With the policy the
+    tenant's create is refused with a message saying why, and KubeVirt's launchers still start."""
+    two_nodes(vm_cluster)
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    launcher = vm_cluster.running_launcher("t1", "vm1")
+    node = launcher["spec"]["nodeName"]
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None
+    forged = forged_launcher("t1", "forged", "vm1", vmi["metadata"]["uid"], {H100: 2})
+    forged["spec"]["nodeSelector"] = {"kubernetes.io/hostname": launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"]}
+
+    # With the policy (as deployed): refused, naming why, nothing stored.
+    with pytest.raises(ApiError) as refused:
+        vm_cluster.request("POST", pod_path("t1"), forged, identity=TENANT_USER)
+    assert refused.value.code == 403
+    assert "names a VirtualMachineInstance as its controller owner" in refused.value.message
+    assert "system:serviceaccount:kubevirt:kubevirt-controller" in refused.value.message
+    names = [p["metadata"]["name"] for p in vm_cluster.request("GET", pod_path("t1"))["items"]]
+    assert names == [launcher["metadata"]["name"]]
+    # An UPDATE adding such an owner to a plain pod is refused too.
+    plain = vm_cluster.request("POST", pod_path("t1"), raw_pod("t1", "plain", {}), identity=TENANT_USER)
+    with pytest.raises(ApiError) as refused_update:
+        vm_cluster.request("PATCH", pod_path("t1", "plain"),
+                           {"metadata": {"ownerReferences": forged["metadata"]["ownerReferences"]}},
+                           identity=TENANT_USER)  # fmt: skip
+    assert refused_update.value.code == 403
+    assert plain["metadata"]["name"] == "plain"
+
+    # Without the policy: what the real virt-controller does with the same pod.
+    vm_cluster.remove_launcher_policy()
+    stored = vm_cluster.request("POST", pod_path("t1"), forged, identity=TENANT_USER)
+    wait_for(lambda: stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get(
+        "activePods", {}), 30, "virt-controller to list the forged pod", detail=lambda: vm_cluster.describe("t1"))
+    active = vm_cluster.vmi("t1", "vm1")["status"]["activePods"]  # type: ignore[index]
+    assert set(active) == {launcher["metadata"]["uid"], stored["metadata"]["uid"]}
+    # kube-scheduler ran it beside the launcher: 4 of the node's 8 GPUs in use. gpuplane, which
+    # trusts activePods, counts the forged pod's 2 as the VM's own: the hole the policy closes.
+    wait_for(lambda: vm_cluster.request("GET", pod_path("t1", "forged"))["status"].get("phase") == "Running", 30,
+             "the forged pod running")  # fmt: skip
+    assert vm_cluster.request("GET", pod_path("t1", "forged"))["spec"]["nodeName"] == node
+    mirrored(lambda: models.Pod.objects.filter(name="forged", phase="Running").exists()
+             and models.VirtualMachineInstance.objects.filter(name="vm1", active_pods__has_key=stored["metadata"]["uid"])
+             .exists(), "the forged pod mirrored", vm_cluster, gpuplane)  # fmt: skip
+    assert booked(node) == 2 and usage("t1", H100) == 2
+
+
+def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """virt-controller matches a controller reference by uid alone: a tenant's pod naming the VMI's
+    uid as a ReplicaSet passes the launcher policy (which guards the kind VirtualMachineInstance)
+    and is listed in activePods. gpuplane takes only a VirtualMachineInstance controller reference
+    as the hint of which VMI to look up, so the pod's GPUs count as raw usage in full."""
+    two_nodes(vm_cluster)
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    launcher = vm_cluster.running_launcher("t1", "vm1")
+    node = launcher["spec"]["nodeName"]
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None
+    disguised = forged_launcher("t1", "disguised", "vm1", vmi["metadata"]["uid"], {H100: 2})
+    disguised["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="ReplicaSet")
+    disguised["metadata"]["annotations"] = {"kubevirt.io/domain": "vm1"}
+    disguised["spec"]["nodeSelector"] = {"kubernetes.io/hostname": launcher["spec"]["nodeSelector"][
+        "kubernetes.io/hostname"]}
+    stored = vm_cluster.request("POST", pod_path("t1"), disguised, identity=TENANT_USER)
+    wait_for(lambda: stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get(
+        "activePods", {}), 30, "virt-controller to list the disguised pod", detail=lambda: vm_cluster.describe("t1"))
+    mirrored(lambda: models.Pod.objects.filter(name="disguised", phase="Running").exists() and booked(node) == 4,
+             "the disguised pod's 2 GPUs counted as raw", vm_cluster, gpuplane)  # fmt: skip
+    assert usage("t1", H100) == 4

@@ -35,6 +35,7 @@ from webhooks.decision import (
     response,
     scheduling_conflict,
     set_changed,
+    set_kept_moving,
     timed_out,
     too_many_waiting,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "response",
     "scheduling_conflict",
     "set_changed",
+    "set_kept_moving",
     "term_matches",
     "no_time_to_bind",
     "timed_out",

@@ -39,12 +39,12 @@ from binder.errors import describe
 from binder.kube import client as kube_client
 from binder.mirror.read import engine_settings
 from binder.mirror.write import mirror_objects
-from binder.runtime import bind_requests, readmodel
+from binder.runtime import admissions, bind_requests, readmodel
 from binder.runtime.answers import ANSWERS, AnswerListener, listening
 from binder.runtime.flight import SingleFlight
 from binder.runtime.readmodel import Slice, read_model
 from webhooks import admission
-from webhooks.admission import MirrorView, Review, Verdict, conclude, timed_out
+from webhooks.admission import Action, MirrorView, Review, Verdict, conclude, decide, timed_out
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,31 @@ def mirror_view(namespace: str) -> MirrorView:
     if view.enabled != engine.enabled or view.default_budget != engine.default_budget:
         view = dataclasses.replace(view, enabled=engine.enabled, default_budget=engine.default_budget)
     return view
+
+
+#: Admissions in a row a call tries while passes keep moving its set, before it asks for a retry.
+PIN_TRIES = 3
+
+
+def pin(review: Review, view: MirrorView, verdict: Verdict) -> Verdict:
+    """Before allowing a VMI pinned to its Bound set (``verdict`` a patch), write
+    ``gpuplane.io/admitted`` on the set's first member, conditioned on the record the decision
+    read (``binder.runtime.admissions``): a pass moving or releasing the set at the same time
+    then fails instead. When the webhook's write fails (a pass moved the set first), read
+    again and decide afresh: the new pin, a bind request, or a refusal. Dry runs write nothing.
+    """
+    for _ in range(PIN_TRIES):
+        if verdict.action is not Action.PATCH or review.dry_run:
+            return verdict
+        members = view.index().by_vm.get(review.name, ())
+        if not members:
+            return verdict
+        first = min(members, key=lambda d: d.name)
+        if admissions.admit(first):
+            return verdict
+        view = mirror_view(review.namespace)
+        verdict = decide(review, view)
+    return verdict if verdict.action is not Action.PATCH else admission.set_kept_moving(review, PIN_TRIES)
 
 
 class _SetChanged(Exception):

@@ -341,6 +341,15 @@ def set_changed(review: Review) -> Verdict:
     )
 
 
+def set_kept_moving(review: Review, tries: int) -> Verdict:
+    """The set moved (or was released) under each of ``tries`` admissions in a row."""
+    return _deny(
+        review,
+        f"VMI {review.namespace}/{review.name}: its GPUs were being moved by the binder while it was admitted "
+        f"({tries} times in a row); try again",
+    )
+
+
 def device_gone(review: Review, device: str) -> Verdict:
     """A device was deleted, or moved to another VM, while the call waited: it will never answer."""
     return _deny(

@@ -51,7 +51,7 @@ from webhooks.admission import (
     parse_review,
     response,
 )
-from webhooks.binding import bind_and_wait, database_lost, mirror_view, reconnecting, wait_budget
+from webhooks.binding import bind_and_wait, database_lost, mirror_view, pin, reconnecting, wait_budget
 from webhooks.callers import CallerPolicy, refusal
 
 #: The one media type a review may come as (the kube-apiserver sends it).
@@ -196,7 +196,7 @@ def admit(request: HttpRequest) -> HttpResponse:
             view = reconnecting(mirror_view, review.namespace)
         else:
             view = MirrorView(namespace=review.namespace)
-        verdict = decide(review, view)
+        verdict = pin(review, view, decide(review, view))
         if verdict.action is Action.BIND:
             budget = wait_budget(request.GET.get("timeout"))
             verdict = bind_and_wait(review, view, verdict, started, budget)

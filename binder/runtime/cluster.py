@@ -46,12 +46,11 @@ from binder.engine import PassResult
 from binder.engine import types as e
 from binder.errors import describe, is_transient
 from binder.kube import client as kube_client
-from binder.mirror.read import KINDS
 from binder.mirror.write import forget_object, mirror_objects
+from binder.runtime import admissions
 from binder.runtime.state import ClusterState
 
 log = logging.getLogger(__name__)
-_CHUNK = 1000
 
 
 def device_status(device: e.Device) -> dict[str, Any]:
@@ -141,25 +140,61 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     of ``devices``, ``changes`` and ``answered``, and classes and budgets whose status did
     not land out of ``class_status`` and ``budget_used``: the mirror, the decision log and
     the usage records then describe the cluster as it is, and the next pass starts from
-    there. Runs inside the pass's transaction.
+    there. A set the pass moves or releases has its first member written first (guarded by
+    an unchanged write where the pass does not change it) and the rest only if that landed
+    (``binder.runtime.admissions``). Runs inside the pass's transaction.
     """
     writes = _Writes()
     decided = state.records["GPU"]
-    object_ids = [state.device_ids[d.key] for d in result.devices if d.key in state.device_ids]
-    current = _locked_devices(object_ids, state)
-    to_write: list[tuple[e.Device, str, str, Mapping[str, Any], str]] = []  # against the row's version
-    for device in result.devices:
+    moving = admissions.moving_sets(result, state)
+    changing = {d.key for d in result.devices}
+    guards = [(key[0], first) for key, first in moving.items() if (key[0], first) not in changing]
+    object_ids = [state.device_ids[k] for k in (*changing, *guards) if k in state.device_ids]
+    current = admissions.locked_devices(object_ids, state, skip_locked=True)
+    stale: set[tuple[str, str]] = set()  # moving sets whose first member cannot be written
+
+    def against_row(device: e.Device) -> str | None:
+        """The version to write against, or None when the row is not the one decided from."""
         object_id = state.device_ids.get(device.key)
-        if object_id is None:
-            continue  # not in the mirror any more
-        row = current.get(object_id)
+        row = current.get(object_id) if object_id is not None else None
         if row is None or row[1] != decided.get(object_id):
-            # Being written by the sync right now, or changed since the catch-up: the
-            # next pass decides from the newer row (its feed entry is there).
+            # Being written by the sync right now, or changed since the catch-up (the webhook
+            # admitted a VMI, a label changed): the next pass decides from the newer row.
+            return None
+        return row[0]
+
+    Write = tuple[e.Device, str, str, Mapping[str, Any], str]
+    first: list[Write] = []
+    rest: list[Write] = []
+    for device in result.devices:
+        if device.key not in state.device_ids:
+            continue  # not in the mirror any more
+        leads = moving.get(device.set_key) == device.name
+        version = against_row(device)
+        if version is None:
             writes.failed += 1
+            if leads:
+                stale.add(device.set_key)
             continue
-        to_write.append((device, device.namespace, device.name, device_status(device), row[0]))
-    written = writes.patch_many("GPU", to_write)
+        (first if leads else rest).append((device, device.namespace, device.name, device_status(device), version))
+    guarded: list[Write] = []
+    for key in guards:
+        object_id = state.device_ids.get(key)
+        record = decided.get(object_id) if object_id is not None else None
+        version = against_row(record) if record is not None else None
+        if record is None or version is None:
+            stale |= {s for s, name in moving.items() if (s[0], name) == key}
+            continue
+        guarded.append((record, record.namespace, record.name, device_status(record), version))
+    written: list[e.Device] = []
+    if first or guarded:
+        landed = {d.set_key for d in writes.patch_many("GPU", [*first, *guarded])}
+        stale |= {w[0].set_key for w in (*first, *guarded) if w[0].set_key not in landed}
+        written = [w[0] for w in first if w[0].set_key in landed]
+    written += writes.patch_many("GPU", [w for w in rest if w[0].set_key not in stale])
+    for namespace, vm in sorted(stale):
+        log.info("set %s/%s stays where it is this pass: its first member changed (a VMI admitted to it?)",
+                 namespace, vm)  # fmt: skip
     writes.mirror("GPU")
     keys = {d.key for d in written}
     classes, budgets, failed = _write_class_and_budget_status(result)
@@ -172,24 +207,6 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
         budget_used=budgets,
     )
     return narrowed, writes.failed + failed
-
-
-def _locked_devices(object_ids: Sequence[int], state: ClusterState) -> dict[int, tuple[str, e.Device]]:
-    """Lock the rows the pass will write (skipping rows another transaction holds) and
-    return each one's resourceVersion and its engine record as it stands now."""
-    model, convert, fields = KINDS["GPU"]
-    found: dict[int, tuple[str, e.Device]] = {}
-    ordered = sorted(object_ids)
-    for start in range(0, len(ordered), _CHUNK):
-        rows = (
-            model.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(id__in=ordered[start : start + _CHUNK])
-            .order_by("id")
-            .values_list("id", "resource_version", "name", "namespace_id", *fields)
-        )
-        for object_id, version, name, namespace_id, *values in rows:
-            found[object_id] = (version, convert(state.namespaces.get(namespace_id, ""), name, *values))
-    return found
 
 
 def _write_class_and_budget_status(

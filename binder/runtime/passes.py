@@ -36,7 +36,7 @@ from binder.engine import PassResult, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.usage import Subjects
 from binder.mirror.read import engine_settings
-from binder.runtime import checkpoint, cluster
+from binder.runtime import admissions, checkpoint, cluster
 from binder.runtime.answers import notify_answers
 from binder.runtime.bind_requests import ANSWER_COLUMNS, record_answers
 from binder.runtime.feed import OwnWrites, own_feed_position
@@ -144,6 +144,10 @@ def _run_pass(kind: str, state: ClusterState, triggered_by: str) -> models.PassR
             run.skipped = "GPUPLANE_ENABLED is false: nothing placed, moved or answered"
         if apiserver.cluster_mode():
             result, run.writes_failed = cluster.write_status(result, state)
+        else:
+            # Standalone the rows are the objects: a set whose first member the webhook admitted
+            # a VMI to since the catch-up stays where it is (binder.runtime.admissions).
+            result, run.writes_failed = admissions.hold_first_members(result, state)
         keeping = _Bookkeeping(kind, state, catch, result, ledger_used, snapshot, now, options)
         own_writes = _write_own(run, result, ids, state, keeping)
         if kind == models.PassKind.FULL:

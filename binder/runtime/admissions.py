@@ -1,0 +1,201 @@
+"""Admission and moves exclude each other: both ends of the protocol (SPEC §4).
+
+The webhook pins a starting VMI to the node its set is Bound on, deciding from a view of the
+mirror; a pass may at the same moment move or release that set (a split set restored, a node it
+cannot keep, lending's release, making room). Neither may win silently, or the VMI is stored
+pinned to a node its set has left and its launcher never starts. Both ends write the set's
+**first member** (by name), each conditioned on the version it read, so whichever lands second
+fails:
+
+- **the pass** (:func:`moving_sets`, then :func:`hold_first_members` standalone or
+  ``binder.runtime.cluster.write_status`` in cluster mode) writes the first member of every set
+  it moves or releases before any other member of that set, against the record it decided from
+  (in cluster mode the status PATCH carries the resourceVersion, and a first member the pass does
+  not change gets a write of its unchanged status, which is the same precondition). If that write
+  fails, the set stays where it is in this pass: none of its members is written, and the next
+  pass decides again from what the webhook wrote.
+- **the webhook** (:func:`admit`) writes ``gpuplane.io/admitted: <now>`` on the first member,
+  conditioned on the version (cluster mode: the resourceVersion of the row whose placement it
+  decided from; standalone: the row's phase and node), before it allows the VMI. If that write
+  fails, the webhook reads again and decides afresh (``webhooks.binding.pin``).
+
+In standalone mode the database rows are the objects: the pass locks its first members' rows
+(``SELECT ... FOR UPDATE``) and compares them with the records it decided from; the webhook's
+single conditional ``UPDATE`` waits for that lock and then no longer matches a moved row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+from kubernetes.client import ApiException
+
+from binder import apiserver, models
+from binder.engine import PassResult
+from binder.engine import types as e
+from binder.errors import describe
+from binder.mirror.read import KINDS
+from binder.mirror.write import forget_object, mirror_objects
+from binder.runtime.state import ClusterState
+
+log = logging.getLogger(__name__)
+_CHUNK = 1000
+SetKey = tuple[str, str]
+
+
+def first_member(names: Collection[str]) -> str:
+    """The member both ends write: the set's first device by name."""
+    return min(names)
+
+
+# -- the pass's end ---------------------------------------------------------------------------------
+
+
+def moving_sets(result: PassResult, state: ClusterState) -> dict[SetKey, str]:
+    """The sets ``result`` moves off, or releases from, the node they are Bound on, each with
+    its first member's name (among all its members, changed or not)."""
+    before, ids = state.records["GPU"], state.device_ids
+    moving: dict[SetKey, str] = {}
+    for device in result.devices:
+        if device.set_key in moving:
+            continue
+        object_id = ids.get(device.key)
+        old = before.get(object_id) if object_id is not None else None
+        if old is None or old.phase is not e.Phase.BOUND:
+            continue
+        if device.phase is e.Phase.BOUND and device.node == old.node:
+            continue
+        members = state.members.get(device.set_key) or {device.name: device}
+        moving[device.set_key] = first_member(members)
+    return moving
+
+
+def without_sets(result: PassResult, sets: Collection[SetKey]) -> PassResult:
+    """``result`` with nothing of ``sets`` written: their devices, decisions and answers dropped."""
+    if not sets:
+        return result
+    dropped = set(sets)
+    return dataclasses.replace(
+        result,
+        devices=tuple(d for d in result.devices if d.set_key not in dropped),
+        changes=tuple(c for c in result.changes if (c.namespace, c.vm_name) not in dropped),
+        answered=tuple(k for k in result.answered if not _answer_of(result, k, dropped)),
+    )
+
+
+def _answer_of(result: PassResult, key: tuple[str, str], dropped: set[SetKey]) -> bool:
+    device = next((d for d in result.devices if d.key == key), None)
+    return device is not None and device.set_key in dropped
+
+
+def locked_devices(
+    object_ids: Sequence[int], state: ClusterState, *, skip_locked: bool
+) -> dict[int, tuple[str, e.Device]]:
+    """Lock the device rows ``object_ids`` for the rest of the pass's transaction and return each
+    one's resourceVersion and engine record as it stands now. ``skip_locked``: leave out rows
+    another transaction holds (a pass never waits for the sync); else wait for them (the
+    webhook's one-statement admitted write, which is quick)."""
+    model, convert, fields = KINDS["GPU"]
+    found: dict[int, tuple[str, e.Device]] = {}
+    ordered = sorted(object_ids)
+    for start in range(0, len(ordered), _CHUNK):
+        rows = (
+            model.objects.select_for_update(skip_locked=skip_locked, of=("self",))
+            .filter(id__in=ordered[start : start + _CHUNK])
+            .order_by("id")
+            .values_list("id", "resource_version", "name", "namespace_id", *fields)
+        )
+        for object_id, version, name, namespace_id, *values in rows:
+            found[object_id] = (version, convert(state.namespaces.get(namespace_id, ""), name, *values))
+    return found
+
+
+def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassResult, int]:
+    """Standalone: lock the first member of every set ``result`` moves and drop the sets whose
+    first member is no longer the record the pass decided from (the webhook admitted a VMI to
+    it since the pass's catch-up); with the number of device writes dropped. Runs inside the
+    pass's transaction, before its writes."""
+    moving = moving_sets(result, state)
+    if not moving:
+        return result, 0
+    firsts = {key: state.device_ids.get((key[0], name)) for key, name in moving.items()}
+    current = locked_devices([i for i in firsts.values() if i is not None], state, skip_locked=False)
+    decided = state.records["GPU"]
+    stale = {
+        key for key, object_id in firsts.items()
+        if object_id is None or object_id not in current or current[object_id][1] != decided.get(object_id)
+    }  # fmt: skip
+    for namespace, vm in sorted(stale):
+        log.info("set %s/%s stays where it is this pass: a VMI was admitted to it meanwhile", namespace, vm)
+    kept = without_sets(result, stale)
+    return kept, len(result.devices) - len(kept.devices)
+
+
+# -- the webhook's end --------------------------------------------------------------------------------
+
+
+def admit(decided: e.Device, now: datetime | None = None) -> bool:
+    """Write ``gpuplane.io/admitted`` on the set's first member ``decided`` (the record the
+    webhook decided to pin from), conditioned on what it read; False when a pass moved or
+    released the set meanwhile (the caller reads again and decides afresh)."""
+    when = now or timezone.now()
+    if apiserver.cluster_mode():
+        return _admit_in_cluster(decided, when)
+    with transaction.atomic():
+        written = (
+            models.GpuDevice.objects.filter(
+                namespace__name=decided.namespace, name=decided.name, phase=e.Phase.BOUND.value, node=decided.node
+            )
+            .update(admitted=when)
+        )
+    return written == 1
+
+
+def _admit_in_cluster(decided: e.Device, when: datetime) -> bool:
+    """Cluster mode: the annotation through the API, against the resourceVersion of the row whose
+    placement is the one decided from; the stored object mirrored at once (so the pass, deciding
+    from the mirror, sees the version the webhook's write made)."""
+    model, convert, fields = KINDS["GPU"]
+    row = (
+        model.objects.filter(namespace__name=decided.namespace, name=decided.name)
+        .values_list("resource_version", *fields)
+        .first()
+    )
+    if row is None:
+        return False
+    version, *values = row
+    current = convert(decided.namespace, decided.name, *values)
+    if (current.phase, current.node) != (decided.phase, decided.node) or not version:
+        return False
+    api = apiserver.api()
+    stamp = when.isoformat().replace("+00:00", "Z")
+    try:
+        stored = api.annotate_admitted(decided.namespace, decided.name, stamp, version)
+    except ApiException as exc:
+        log.info("admitted not written on GPU %s/%s: %s", decided.namespace, decided.name, describe(exc))
+        if exc.status in (404, 409):
+            _read_again(decided)
+        return False
+    with transaction.atomic():
+        mirror_objects("GPU", [stored], queue=False)
+    return True
+
+
+def _read_again(decided: e.Device) -> None:
+    """After a 409 the mirror is behind the API: mirror the object as it is now, so the next
+    decision reads it (the watch brings it too, later)."""
+    try:
+        current = apiserver.api().get("GPU", decided.namespace, decided.name)
+    except Exception as exc:  # noqa: BLE001 - the decision after this reads what the mirror has
+        log.info("GPU %s/%s not read again: %s", decided.namespace, decided.name, describe(exc))
+        return
+    with transaction.atomic():
+        if current is None:
+            forget_object("GPU", decided.namespace, decided.name)
+        else:
+            mirror_objects("GPU", [current], queue=False)

@@ -126,7 +126,8 @@ def kustomization(chart_values: dict[str, object], app_version: str) -> str:
         + f"""# gpuplane in a cluster: the CRDs, the namespace, RBAC, NetworkPolicies, the web (API, admin),
 # webhook, binder (Celery worker), beat and sync Deployments, the API and webhook Services, the
 # webhook configuration, the finalizer's admission policy (Kubernetes 1.36+; on an older cluster
-# delete it in your overlay: the sync adds the finalizer then), and the settings ConfigMap.
+# delete it in your overlay: the sync adds the finalizer then), the launcher policy (only KubeVirt's
+# controller may make a pod owned by a VMI; Kubernetes 1.30+), and the settings ConfigMap.
 # Apply an overlay, not this base: deploy/overlays/cluster (everything) or
 # deploy/overlays/standalone (the database is the source of truth). docs/operations.md ("Install
 # with Kustomize") lists what you create first: the Secrets gpuplane-secrets and

@@ -120,9 +120,9 @@ def test_overlay_renders(name: str) -> None:
     names = [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in docs]
     assert len(names) == len(set(names))
     for doc in docs:
-        if doc["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding") and not (
-            doc["kind"].endswith("WebhookConfiguration")
-        ):
+        cluster_scoped = ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")  # fmt: skip
+        if doc["kind"] not in cluster_scoped and not doc["kind"].endswith("WebhookConfiguration"):
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpuplane"
 

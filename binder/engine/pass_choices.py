@@ -108,7 +108,7 @@ class ChoosingPass(PassState):
                     continue
 
             def placed_on(n: str, m: tuple[Device, ...] = members) -> tuple[Device, ...]:
-                return self._bound_on(m, n, names)
+                return self.bound_on(m, n, names)
 
             node = self.best_node(key, placed_on, as_choice, exclude=exclude, prefer=prefer)
             if node is not None:

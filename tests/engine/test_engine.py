@@ -534,7 +534,7 @@ def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:
     for key in sorted({d.set_key for d in c.devices}):
         members = run.members(key)
         for names in ({d.name for d in members}, {d.name for d in members[:1]}, set()):
-            candidate = run._bound_on(members, "-", names)
+            candidate = run.bound_on(members, "-", names)
             assert run.held_refusal(key, members, names) == run.budget_refusal(key, candidate), (key, names)
 
 

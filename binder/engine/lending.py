@@ -23,12 +23,14 @@ from binder.engine.ledger_records import SetKey
 from binder.engine.limits import class_units
 from binder.engine.pass_placing import PlacingPass
 from binder.engine.pass_state import REASON_BOUND
+from binder.engine.reasons import Code
 from binder.engine.types import Device, Outcome, Phase
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Where a waiting set's reason says which borrowed sets it waits to take back.
+#: Where a waiting set's reason says which borrowed sets it waits to take back (its code
+#: then says so: ``Code.WAITS_FOR_RECLAIM``).
 RECLAIM_NOTE = "; waits for reclaim: "
-#: How a released set's reason begins (the explanations and the answer read it).
+#: How a released set's reason begins (``Code.RELEASED``).
 RELEASED = "pending: released: "
 
 #: A choice of a set: a class every member is booked as, or None: as the members are booked
@@ -183,17 +185,26 @@ class Lending:
 
     # -- changing ------------------------------------------------------------------------
 
-    def lend(self, key: SetKey, *, borrowed: bool, mark: str, reason: str | None = None) -> None:
-        """Set the set's borrowed flag and mark (and, given, its reason) without moving it."""
+    def lend(
+        self, key: SetKey, *, borrowed: bool, mark: str, reason: str | None = None, code: str | None = None
+    ) -> None:
+        """Set the set's borrowed flag and mark (and, given, its reason and the reason's
+        code) without moving it."""
         run = self.run
         members = run.members(key)
-        if all(d.borrowed == borrowed and d.reclaim_for == mark and reason in (None, d.reason) for d in members):
+        if all(
+            d.borrowed == borrowed
+            and d.reclaim_for == mark
+            and reason in (None, d.reason)
+            and code in (None, d.reason_code)
+            for d in members
+        ):
             return
         run.apply(
             key,
             (
                 d.placed(d.class_name, d.phase, d.node, d.since, d.reason if reason is None else reason,
-                         borrowed=borrowed, reclaim_for=mark)
+                         borrowed=borrowed, reclaim_for=mark, reason_code=code)
                 for d in members
             ),
         )  # fmt: skip
@@ -205,7 +216,16 @@ class Lending:
         run.apply(
             key,
             (
-                d.placed(held_as or d.class_name, Phase.BOUND, node, run.now, reason, borrowed=True, reclaim_for="")
+                d.placed(
+                    held_as or d.class_name,
+                    Phase.BOUND,
+                    node,
+                    run.now,
+                    reason,
+                    borrowed=True,
+                    reclaim_for="",
+                    reason_code=Code.BORROWED,
+                )
                 for d in members
             ),
         )
@@ -216,7 +236,7 @@ class Lending:
         run = self.run
         members = run.members(key)
         held_as = spec_class(members[0]) if has_alternatives(members) else ""
-        run.settle(key, list(members), Phase.PENDING, "", RELEASED + why, held_as)
+        run.settle(key, list(members), Phase.PENDING, "", RELEASED + why, held_as, code=Code.RELEASED)
         self.lend(key, borrowed=False, mark="")
         self.released_now.add(key)
         if made_room_for:
@@ -263,6 +283,7 @@ class Lending:
                     borrowed=False,
                     mark="",
                     reason=f"bound: repaid on {node}: the tenant's own usage now fits its limits with this set",
+                    code=Code.REPAID,
                 )
         ledger.repay_due = set()
 
@@ -364,10 +385,11 @@ class Lending:
             run.counts[Outcome.BOUND] += 1
             return True
         if notes:
-            why = run.members(key)[0].reason
+            first = run.members(key)[0]
             taken_back = self.released_for.get(key)
             extra = f"; its borrowed GPUs were taken back for {taken_back}" if taken_back else ""
-            run.with_reason(key, names, f"{why}; could borrow, but {'; '.join(notes)}{extra}")
+            why = f"{first.reason}; could borrow, but {'; '.join(notes)}{extra}"
+            run.with_reason(key, names, why, code=first.reason_code)  # still refused for the same reason
         return False
 
     # -- reclaim (after step 4) ----------------------------------------------------------
@@ -386,7 +408,6 @@ class Lending:
         for key in waiting:
             plan = self.reclaim_plan(key, chosen, marks)
             if plan is None:
-                self._reclaim_note(key, "")
                 continue
             node, taken = plan
             chosen.add(node)
@@ -415,15 +436,17 @@ class Lending:
 
     def _reclaim_note(self, key: SetKey, note: str) -> None:
         """The waiting set's unplaced members' reason says which marked sets it waits for
-        (``note``; empty: no longer says so)."""
+        (``note``), and its code that it waits for reclaim.
+
+        The note is added to a reason this pass wrote afresh, never cut out of an older
+        one: a waiting order's reason was just written by binding it, and a Lost set's by
+        rebinding it (which keeps only a reason whose code is ``Code.LOST``, never one with
+        a note). A waiting set that no longer waits for reclaim so says nothing of it."""
         run = self.run
         for device in run.members(key):
-            if device.phase is Phase.BOUND:
+            if device.phase is Phase.BOUND or device.reason_code == Code.WAITS_FOR_RECLAIM:
                 continue
-            base = device.reason.split(RECLAIM_NOTE)[0]
-            wanted = base + RECLAIM_NOTE + note if note else base
-            if device.reason != wanted:
-                run.with_reason(key, [device.name], wanted)
+            run.with_reason(key, [device.name], device.reason + RECLAIM_NOTE + note, code=Code.WAITS_FOR_RECLAIM)
 
     def reclaim_plan(self, key: SetKey, chosen: set[str], marks: dict[SetKey, str]) -> tuple[str, list[SetKey]] | None:
         """The node and the borrowed sets (youngest first) whose release would make room for
@@ -522,12 +545,14 @@ class Lending:
         held: Sequence[Device],
         placed: Callable[[str], str],
         lost: str,
+        code: str,
         *,
         exclude: Iterable[str] = (),
         prefer: Counter[str] | None = None,
     ) -> None:
         """A borrowed set that would move goes only onto room no entitled set waited for at
-        the start of the pass; else it is released, never sent to Lost (a Lost set would
+        the start of the pass (``placed(node)`` says so, of kind ``code``); else it is
+        released (``lost`` says why it cannot stay), never sent to Lost (a Lost set would
         outrank entitled orders)."""
         run = self.run
         members = run.members(key)
@@ -546,11 +571,10 @@ class Lending:
 
             node = run.best_node(key, placed_on, moving, exclude=exclude, prefer=prefer)
             if node is not None:
-                run.settle(key, moving, Phase.BOUND, node, f"{placed(node)} (still borrowed)", choice or "")
+                run.settle(key, moving, Phase.BOUND, node, f"{placed(node)} (still borrowed)", choice or "", code=code)
                 run.counts[Outcome.MOVED] += 1
                 return
-        why = lost.removeprefix("lost: ")
-        self.release(key, f"{why}; no room that no entitled set waits for, and a borrowed set is never sent to Lost")
+        self.release(key, f"{lost}; no room that no entitled set waits for, and a borrowed set is never sent to Lost")
 
 
 def _ts(members: Sequence[Device]) -> float:

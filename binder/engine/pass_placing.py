@@ -19,6 +19,7 @@ from binder.engine.fit import describe_units
 from binder.engine.ledger_records import SetKey
 from binder.engine.pass_choices import ChoosingPass
 from binder.engine.pass_state import REASON_BOUND
+from binder.engine.reasons import Code
 from binder.engine.types import Outcome, Phase
 
 
@@ -43,18 +44,20 @@ class PlacingPass(ChoosingPass):
             return
         if held[0].phase is Phase.LOST:
             reason = "pending: waiting for the rest of the set, which is Lost, to be rebound"
-            self.with_reason(key, (d.name for d in fresh), reason)
+            self.with_reason(key, (d.name for d in fresh), reason, code=Code.WAITING_FOR_SET)
             return
         node = held[0].node
         names = {d.name for d in fresh}
         refusal = self.budget_refusal(key, self.bound_on(members, node, names))
         if refusal:
-            self.with_reason(key, names, f"pending: {refusal}")
+            self.with_reason(key, names, f"pending: {refusal}", code=Code.OVER_BUDGET)
             if final:
                 self.refused.add(key)
             return
         if not self.cannot_take(node, fresh) and self.fit(key, self.bound_on(members, node, names), node) is not None:
-            self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}", held_as)
+            self.settle(
+                key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}", held_as, code=Code.GREW
+            )
             self.counts[Outcome.BOUND] += 1
             return
         whole = held + fresh
@@ -65,13 +68,15 @@ class PlacingPass(ChoosingPass):
             else:
                 target = self.place(key, whole, exclude=[node])
         if target is not None:
-            self.settle(key, held, Phase.BOUND, target, f"moved from {node}: the set grew and {node} has no room")
-            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND, held_as)
+            why = f"moved from {node}: the set grew and {node} has no room"
+            self.settle(key, held, Phase.BOUND, target, why, code=Code.MOVED)
+            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND, held_as, code=Code.BOUND)
             self.counts[Outcome.MOVED] += 1
             self.room_freed = True
             return
         where = f"on {node} or any node with room for the whole set" if allow_move else f"on {node}"
-        self.with_reason(key, names, f"pending: no room for {describe_units(self.units(fresh))} {where}")
+        why = f"pending: no room for {describe_units(self.units(fresh))} {where}"
+        self.with_reason(key, names, why, code=Code.NO_ROOM)
         if final:
             self.refused.add(key)
 
@@ -91,24 +96,26 @@ class PlacingPass(ChoosingPass):
             if not refusal:
                 node = self.place(key, held + fresh)
                 if node is not None:
-                    self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
-                    self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND)
+                    self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}", code=Code.REBOUND)
+                    self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND, code=Code.BOUND)
                     self.counts[Outcome.BOUND] += 1
                     return
         node = self.place(key, held)
         if node is None:
-            if not any(d.reason.startswith("lost:") for d in held):
-                self.with_reason(
-                    key, (d.name for d in held), f"lost: no node has room for {describe_units(self.units(held))}"
-                )
+            if not any(d.reason_code == Code.LOST for d in held):  # the first reason it went Lost for stays
+                why = f"lost: no node has room for {describe_units(self.units(held))}"
+                self.with_reason(key, (d.name for d in held), why, code=Code.LOST)
             if key not in self._lost_now:
                 self.refused.add(key)
             return
-        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
+        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}", code=Code.REBOUND)
         self.counts[Outcome.BOUND] += 1
         if fresh:
-            why = f"pending: {refusal}" if refusal else f"pending: no room for new members next to the set on {node}"
-            self.with_reason(key, (d.name for d in fresh), why)
+            if refusal:
+                why, code = f"pending: {refusal}", Code.OVER_BUDGET
+            else:
+                why, code = f"pending: no room for new members next to the set on {node}", Code.NO_ROOM
+            self.with_reason(key, (d.name for d in fresh), why, code=code)
             self.grow(key, allow_move=False)
 
     def bind_order(self, key: SetKey) -> None:
@@ -120,16 +127,17 @@ class PlacingPass(ChoosingPass):
         if missing:
             for device in members:
                 if device.class_name in missing:
-                    why = f"pending: class {device.class_name} does not exist"
+                    why, code = f"pending: class {device.class_name} does not exist", Code.CLASS_MISSING
                 else:
                     why = f"pending: waiting for the set's devices of missing class {', '.join(missing)}"
-                self.with_reason(key, [device.name], why)
+                    code = Code.WAITING_FOR_SET
+                self.with_reason(key, [device.name], why, code=code)
             self.refused.add(key)
             return
         names = {d.name for d in members}
         refusal = self.held_refusal(key, members, names)
         if refusal:
-            self.with_reason(key, names, f"pending: {refusal}")
+            self.with_reason(key, names, f"pending: {refusal}", code=Code.OVER_BUDGET)
             self.refused.add(key)
             return
         node = self.place(key, members)
@@ -139,10 +147,11 @@ class PlacingPass(ChoosingPass):
                 names,
                 f"pending: no Ready, schedulable node matching the set's classes has room for "
                 f"{describe_units(self.units(members))}{self.taint_note(members)}",
+                code=Code.NO_ROOM,
             )
             self.refused.add(key)
             return
-        self.settle(key, members, Phase.BOUND, node, REASON_BOUND)
+        self.settle(key, members, Phase.BOUND, node, REASON_BOUND, code=Code.BOUND)
         self.counts[Outcome.BOUND] += 1
 
     def rebind_choosing(self, key: SetKey, choices: Sequence[str]) -> None:
@@ -154,21 +163,25 @@ class PlacingPass(ChoosingPass):
         if fresh:
             node, choice, notes = self.place_choosing(key, held + fresh, choices, budget=True)
             if node is not None:
-                self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
-                self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice)
+                rebound = f"rebound: {REASON_BOUND}{placed_as(choice, notes)}"
+                self.settle(key, held, Phase.BOUND, node, rebound, choice, code=Code.REBOUND)
+                self.settle(
+                    key, fresh, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice, code=Code.BOUND
+                )
                 self.counts[Outcome.BOUND] += 1
                 return
         node, choice, notes = self.place_choosing(key, held, choices)
         if node is None:
-            if not any(d.reason.startswith("lost:") for d in held):
+            if not any(d.reason_code == Code.LOST for d in held):
                 why = f"lost: none of the set's classes has a node with room for it: {passed_over(notes)}"
-                self.with_reason(key, (d.name for d in held), why)
+                self.with_reason(key, (d.name for d in held), why, code=Code.LOST)
             if key not in self._lost_now:
                 self.refused.add(key)
             return
-        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
+        rebound = f"rebound: {REASON_BOUND}{placed_as(choice, notes)}"
+        self.settle(key, held, Phase.BOUND, node, rebound, choice, code=Code.REBOUND)
         self.counts[Outcome.BOUND] += 1
         if fresh:
             why = f"pending: no room for new members next to the set on {node}"
-            self.with_reason(key, (d.name for d in fresh), why)
+            self.with_reason(key, (d.name for d in fresh), why, code=Code.NO_ROOM)
             self.grow(key, allow_move=False)

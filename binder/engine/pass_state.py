@@ -275,12 +275,18 @@ class PassState:
 
     # -- changing ------------------------------------------------------------------------
 
-    def _moved(self, device: Device, phase: Phase, node: str, reason: str, held_as: str = "") -> Device:
+    def _moved(self, device: Device, phase: Phase, node: str, reason: str, code: str, held_as: str = "") -> Device:
         held_as = held_as or device.class_name
-        if (device.phase, device.node, device.reason, device.class_name) == (phase, node, reason, held_as):
+        if (device.phase, device.node, device.reason, device.reason_code, device.class_name) == (
+            phase,
+            node,
+            reason,
+            code,
+            held_as,
+        ):
             return device
         changed = (device.phase, device.node) != (phase, node)
-        return device.placed(held_as, phase, node, self.now if changed else device.since, reason)
+        return device.placed(held_as, phase, node, self.now if changed else device.since, reason, reason_code=code)
 
     def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
         """Make ``devices`` the set's members from now on (the ledger moves with them).
@@ -301,15 +307,19 @@ class PassState:
         # Members of one set share its namespace: by name is by key.
         self.ledger.commit(key, tuple(sorted(devices, key=_by_name)))
 
-    def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
-        """Set ``reason`` on the named members without moving anything."""
+    def with_reason(self, key: SetKey, names: Iterable[str], reason: str, *, code: str) -> None:
+        """Set ``reason`` (of kind ``code``, a :class:`~binder.engine.reasons.Code`) on the
+        named members without moving anything."""
         chosen = set(names)
         members = self.members(key)
-        if all(d.reason == reason for d in members if d.name in chosen):
+        if all(d.reason == reason and d.reason_code == code for d in members if d.name in chosen):
             return
         self.apply(
             key,
-            (d.placed(d.class_name, d.phase, d.node, d.since, reason) if d.name in chosen else d for d in members),
+            (
+                d.placed(d.class_name, d.phase, d.node, d.since, reason, reason_code=code) if d.name in chosen else d
+                for d in members
+            ),
         )
 
     @staticmethod
@@ -332,15 +342,25 @@ class PassState:
         return self.best_node(key, lambda n: self.bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
 
     def settle(
-        self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str, held_as: str = ""
+        self,
+        key: SetKey,
+        moving: Sequence[Device],
+        phase: Phase,
+        node: str,
+        reason: str,
+        held_as: str = "",
+        *,
+        code: str,
     ) -> None:
-        """Move the ``moving`` members to ``phase`` on ``node``; ``held_as``, when given,
-        is the class they are held as from now on (one of their choices)."""
+        """Move the ``moving`` members to ``phase`` on ``node``, saying ``reason`` (of kind
+        ``code``); ``held_as``, when given, is the class they are held as from now on (one
+        of their choices)."""
         if phase is Phase.BOUND:
             self.refused.discard(key)
         names = {d.name for d in moving}
         self.apply(
-            key, (self._moved(d, phase, node, reason, held_as) if d.name in names else d for d in self.members(key))
+            key,
+            (self._moved(d, phase, node, reason, code, held_as) if d.name in names else d for d in self.members(key)),
         )
 
     # -- result --------------------------------------------------------------------------
@@ -369,6 +389,7 @@ class PassState:
                             to_phase=device.phase,
                             to_node=device.node,
                             reason=device.reason,
+                            reason_code=device.reason_code,
                         )
                     )
                 if device != before:

@@ -30,6 +30,7 @@ from binder.engine.fit import (
 from binder.engine.ledger_records import SetKey
 from binder.engine.lending import Lending
 from binder.engine.pass_placing import PlacingPass
+from binder.engine.reasons import Code, refusal
 from binder.engine.types import (
     Cluster,
     Device,
@@ -45,6 +46,8 @@ ANSWER_BOUND = "bound:"
 ANSWER_REFUSED = "refused:"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The reason code of a set a step placed, by how the step counts it.
+_CODES = {Outcome.RESTORED: Code.RESTORED, Outcome.MOVED: Code.MOVED}
 
 
 def full_pass(
@@ -192,9 +195,9 @@ class _Pass(PlacingPass):
             missing = f"pending: class {device.class_name} does not exist"
             if device.phase is not Phase.PENDING:
                 released = f"{missing}; the device's units were released"
-                self.settle(key, [device], Phase.PENDING, "", released, held_as=spec_class(device))
-            elif not device.reason.startswith(missing):
-                self.with_reason(key, [device.name], missing)
+                self.settle(key, [device], Phase.PENDING, "", released, spec_class(device), code=Code.CLASS_MISSING)
+            elif device.reason_code != Code.CLASS_MISSING:
+                self.with_reason(key, [device.name], missing, code=Code.CLASS_MISSING)
 
     def gather(self, key: SetKey) -> None:
         held = [d for d in self.members(key) if d.held]
@@ -209,7 +212,7 @@ class _Pass(PlacingPass):
             held,
             Outcome.RESTORED,
             lambda node: f"restored: set gathered onto {node} ({split})",
-            f"lost: no node has room for the whole set ({split})",
+            f"no node has room for the whole set ({split})",
             prefer=prefer,
         )
 
@@ -278,7 +281,7 @@ class _Pass(PlacingPass):
             held,
             Outcome.MOVED,
             lambda _: f"moved from {from_node}: {why}",
-            f"lost: {why}; no other node has room for the set",
+            f"{why}; no other node has room for the set",
             exclude=[from_node],
         )
 
@@ -293,13 +296,14 @@ class _Pass(PlacingPass):
         exclude: Iterable[str] = (),
         prefer: Counter[str] | None = None,
     ) -> None:
-        """Put the held members of ``key`` on the best node, or send them all to Lost.
+        """Put the held members of ``key`` on the best node (``placed(node)`` says so), or
+        send them all to Lost (``lost`` says why: "lost: " comes first).
 
         A set with alternatives tries its choices in order (keeping its class when a
         launcher holds it): the first one with room wins. A borrowed set is never Lost
         (:meth:`Lending.move_borrowed`)."""
         if self.lending and any(d.borrowed for d in held):
-            self.lender.move_borrowed(key, held, placed, lost, exclude=exclude, prefer=prefer)
+            self.lender.move_borrowed(key, held, placed, lost, _CODES[outcome], exclude=exclude, prefer=prefer)
             return
         choices = self.move_choices(key)
         choice, notes = "", list[tuple[str, str]]()
@@ -308,10 +312,13 @@ class _Pass(PlacingPass):
         else:
             node, choice, notes = self.place_choosing(key, held, choices, exclude=exclude, prefer=prefer)
         if node is not None:
-            self.settle(key, held, Phase.BOUND, node, placed(node) + placed_as(choice, notes), choice)
+            self.settle(
+                key, held, Phase.BOUND, node, placed(node) + placed_as(choice, notes), choice, code=_CODES[outcome]
+            )
             self.counts[outcome] += 1
         else:
-            self.settle(key, held, Phase.LOST, "", lost + (f" ({passed_over(notes)})" if notes else ""))
+            why = f"lost: {lost}" + (f" ({passed_over(notes)})" if notes else "")
+            self.settle(key, held, Phase.LOST, "", why, code=Code.LOST)
             self.counts[Outcome.LOST] += 1
             self._lost_now.add(key)
 
@@ -403,5 +410,5 @@ class _Pass(PlacingPass):
 def _first_refusal(members: Iterable[Device]) -> str:
     for device in members:
         if device.phase is not Phase.BOUND and device.reason:
-            return device.reason.removeprefix("pending: ")
+            return refusal(device)
     return ""

@@ -101,6 +101,7 @@ def device_from(
     status_class_name: str = "",
     borrowed: bool = False,
     reclaim_for: str = "",
+    reason_code: str | None = "",
 ) -> e.Device:
     phase_ = PHASES[phase]
     choices: tuple[str, ...] = ()
@@ -130,6 +131,7 @@ def device_from(
         choices,
         bool(borrowed) and phase_ is not e.Phase.PENDING,
         intern(reclaim_for) if reclaim_for and phase_ is not e.Phase.PENDING else "",
+        intern(reason_code) if reason_code else "",
     )
 
 
@@ -230,6 +232,7 @@ CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "status_class_name",
             "borrowed",
             "reclaim_for",
+            "reason_code",
         ),
     ),
     "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),
@@ -250,9 +253,11 @@ def from_parsed(parsed: Parsed) -> Any:
     # then nothing is borrowed, marked or allowed to borrow.
     values = parsed.values
     return convert(
-        parsed.namespace, parsed.name, *(values[f] if f in values or f not in LENDING_FIELDS else None for f in fields)
+        parsed.namespace, parsed.name, *(values[f] if f in values or f not in OPTIONAL_FIELDS else None for f in fields)
     )
 
 
-#: Lending fields a parsed object may lack (one parsed before the parsers read them); read as nothing.
-LENDING_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for"})
+#: Fields a parsed object may lack, read as nothing: the lending fields (an object parsed
+#: before the parsers read them) and the reason's code, which the binder keeps in the
+#: mirror beside ``status.reason`` (no parser reads it from an object).
+OPTIONAL_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for", "reason_code"})

@@ -494,10 +494,12 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         choices=("h100", "a10"),
         borrowed=True,
         reclaim_for="t2/waiting",
+        reason_code="Lost",
     )
     assert {f.name for f in dataclasses.fields(e.Device)} == {
         "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
         "answered_request", "answer", "created", "bind_node_selector", "choices", "borrowed", "reclaim_for",
+        "reason_code",
     }  # fmt: skip
     moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
     assert moved == dataclasses.replace(
@@ -510,6 +512,8 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
     repaid = device.placed(device.class_name, device.phase, device.node, device.since, device.reason,
                            borrowed=False, reclaim_for="")  # fmt: skip
     assert repaid == dataclasses.replace(device, borrowed=False, reclaim_for="")
+    coded = device.placed(device.class_name, device.phase, device.node, device.since, "bound: x", reason_code="Bound")
+    assert coded == dataclasses.replace(device, reason="bound: x", reason_code="Bound")
 
 
 def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:

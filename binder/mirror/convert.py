@@ -14,6 +14,7 @@ from sys import intern
 from typing import Any
 
 from binder.engine import types as e
+from binder.kube.kinds import KINDS
 from binder.kube.objects import Parsed
 
 Values = Mapping[str, Any]
@@ -212,37 +213,10 @@ def pod_from(
     return e.Pod(namespace, name, uid, intern(node), intern(phase), _shared_ints(requests), intern(owner_vmi_hint))
 
 
-#: kind -> (converter, the model fields the converter takes after namespace and name)
+#: kind -> (converter, the model fields the converter takes after namespace and name), from
+#: each kind's row of ``binder.kube.kinds.KINDS`` (the converter named there, defined here).
 CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
-    "GPU": (
-        device_from,
-        (
-            "class_name",
-            "vm_name",
-            "phase",
-            "node",
-            "since",
-            "reason",
-            "bind_request",
-            "answered_request",
-            "answer",
-            "created",
-            "bind_node_selector",
-            "alternative_class_names",
-            "status_class_name",
-            "borrowed",
-            "reclaim_for",
-            "reason_code",
-        ),
-    ),
-    "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),
-    "Node": (node_from, ("allocatable", "labels", "unschedulable", "ready", "ready_since", "taints")),
-    "GPUBudget": (budget_from, ("limits", "borrowing")),
-    "VirtualMachineInstance": (
-        vmi_from,
-        ("uid", "active_pods", "node", "phase", "device_names"),
-    ),
-    "Pod": (pod_from, ("uid", "node", "phase", "gpu_requests", "owner_vmi_hint")),
+    k.kind: (globals()[k.converter], k.row_fields) for k in KINDS if k.converter
 }
 
 

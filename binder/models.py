@@ -184,6 +184,12 @@ class GpuDevice(NamespacedMirror):
     node = models.CharField(max_length=253, blank=True)
     since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
+    reason_code = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="what kind of reason it is (binder.engine.reasons.Code): what code switches on, never the words",
+    )
     bind_request = models.CharField(max_length=128, blank=True)
     bind_node_selector = models.JSONField(
         default=dict,
@@ -389,6 +395,7 @@ class Decision(models.Model):
     to_phase = models.CharField(max_length=16, choices=Phase.choices)
     to_node = models.CharField(max_length=253, blank=True)
     reason = models.TextField(blank=True)
+    reason_code = models.CharField(max_length=32, blank=True, default="", help_text="the reason's code")
     created = models.DateTimeField()
 
     objects = TenantQuerySet.as_manager()

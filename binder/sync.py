@@ -10,10 +10,14 @@ arrived while the last batch was being written goes in one transaction); on **41
 ``GPUPLANE_RELIST_SECONDS`` anyway, so an event lost in transit is repaired. Every
 change queues a full pass (collapsed, ``binder.tasks``).
 
-The sync keeps the mirror current; the binder's passes do not list anything. A pass
+The sync keeps the mirror current, and the binder's passes decide from it: a pass
 brings its in-memory state current from the change feed the mirror's writes leave
 (``binder.runtime.state``), so what a pass sees is what this loop (and the binder's own
-writes) committed. That makes two rules matter here (``binder.mirror.write``): rows of
+writes) committed. (The one thing a pass asks the API server for is a fresh read of the
+VMIs raw-GPU pods name, for the usage records: ``binder.runtime.usage_records``.) The
+kinds, and the order the first list goes in, are the rows of ``binder.kube.kinds.KINDS``.
+
+Because a pass decides from what this loop commits, two rules matter (``binder.mirror.write``): rows of
 GPUs, classes and budgets keep the object's resourceVersion, and a watch event or a
 listed object **older than its row is ignored** (counted, ``SyncStatus.stale``). The
 binder mirrors the object each of its status writes returned, so its row is often
@@ -53,6 +57,7 @@ from django.utils import timezone
 from binder import apiserver, models
 from binder.errors import describe, is_transient
 from binder.kube import client as kube_client
+from binder.kube import kinds as kube_kinds
 from binder.mirror.write import (
     RELEASED_BY_BINDER,
     Applied,
@@ -66,8 +71,8 @@ log = logging.getLogger(__name__)
 
 #: How often a kind's events put aside (their rows held by a pass) are applied.
 DEFERRED_RETRY_SECONDS = 0.2
-#: Kinds in the order the first list goes: namespaces before what lives in them.
-SYNC_ORDER = ("Namespace", "Node", "GPUClass", "GPUBudget", "VirtualMachineInstance", "Pod", "GPU")
+#: Kinds in the order the first list goes: namespaces before what lives in them (the table's order).
+SYNC_ORDER = tuple(k.kind for k in kube_kinds.KINDS)
 
 
 def add_finalizers(kind: str, objects: Sequence[Mapping[str, Any]]) -> None:

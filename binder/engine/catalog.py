@@ -25,6 +25,7 @@ from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.fit import refuses_new
 from binder.engine.limits import effective_limits, remaining
 from binder.engine.placement import try_order, waiting_resources
+from binder.engine.reasons import refusal
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 
@@ -187,9 +188,9 @@ def order_fit(
     work.commit(key, order)
     placed = try_order(cluster, key, work)
     fits = all(d.phase is Phase.BOUND for d in placed)
-    reason = placed[0].reason if placed else ""
     if not fits:
-        return OrderFit(devices, names, False, reason=reason.removeprefix("pending: "))
+        return OrderFit(devices, names, False, reason=refusal(placed[0]) if placed else "")
+    reason = placed[0].reason
     chosen = placed[0].class_name
     cls = next(c for c in cluster.classes if c.name == chosen)
     limits = effective_limits((b for b in cluster.budgets if b.namespace == namespace), cluster.settings.default_budget)

@@ -23,8 +23,9 @@ from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
 from binder.engine.fit import budget_refusal, refuses_new, requested_selector_mismatch
 from binder.engine.ledger_records import Holding, SetKey
-from binder.engine.lending import RECLAIM_NOTE
+from binder.engine.lending import set_id
 from binder.engine.limits import effective_limits
+from binder.engine.reasons import Code
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
 #: Options ("would fit on X after …") listed per need: enough to act on, short to read.
@@ -108,6 +109,11 @@ class Explanation:
     vmi_node_not_ready: bool = False
     reason: str = ""
     """The reason the last pass wrote (kept beside the explanation: it says why it moved)."""
+    reason_code: str = ""
+    """That reason's :class:`~binder.engine.reasons.Code`: what the explanation switches on."""
+    reclaim: str = ""
+    """While the last pass said the set waits for reclaim (its code): the borrowed sets
+    marked for it now and where, from their marks."""
 
     @property
     def key(self) -> SetKey:
@@ -118,8 +124,8 @@ class Explanation:
         """One line: what the set needs and the largest gap (or what else stops it); first,
         when the last pass marked borrowed sets for it, that reclaim is what it waits for."""
         parts = list(self.problems)
-        if RECLAIM_NOTE in self.reason:
-            parts.insert(0, f"waits for reclaim: {self.reason.split(RECLAIM_NOTE, 1)[1]}")
+        if self.reclaim:
+            parts.insert(0, f"waits for reclaim: {self.reclaim}")
         for need in self.needs:
             text = f"needs {need.units} × {need.label} on one node"
             if not need.nodes_offering:
@@ -261,6 +267,7 @@ class Explainer:
                 problems.append(refusal)
         vmi = self.vmis.get(key)
         vmi_node = vmi.node if vmi is not None and vmi.phase == "Running" else ""
+        code = waiting[0].reason_code if waiting else ""
         node = self.nodes.get(vmi_node)
         return Explanation(
             namespace=key[0],
@@ -273,7 +280,23 @@ class Explainer:
             vmi_node_not_ready=bool(vmi_node) and (node is None or not node.ready),
             vmi_node_not_ready_since=node.ready_since if node is not None and not node.ready else None,
             reason=waiting[0].reason if waiting else "",
+            reason_code=code,
+            reclaim=self._marked_for(key) if code == Code.WAITS_FOR_RECLAIM else "",
         )
+
+    def _marked_for(self, key: SetKey) -> str:
+        """``t1/a, t1/b on n1, borrowed and marked for it, waits for its VM to stop``: the
+        borrowed sets whose ``reclaim_for`` names ``key``, by node (empty: none now)."""
+        me = set_id(key)
+        by_node: dict[str, list[str]] = defaultdict(list)
+        for other in sorted(self.ledger.marked_sets):
+            members = self.ledger.devices(other)
+            if members and members[0].reclaim_for == me:
+                by_node[members[0].node].append(set_id(other))
+        if not by_node:
+            return ""
+        where = "; ".join(f"{', '.join(sets)} on {node}" for node, sets in sorted(by_node.items()))
+        return f"{where}, borrowed and marked for it, waits for its VM to stop"
 
     def _need(
         self,

@@ -22,6 +22,7 @@ from binder.engine.choices import (
 from binder.engine.fit import describe_units
 from binder.engine.ledger_records import SetKey
 from binder.engine.pass_state import REASON_BOUND, PassState
+from binder.engine.reasons import Code
 from binder.engine.types import (
     Device,
     Outcome,
@@ -51,7 +52,7 @@ class ChoosingPass(PassState):
             return reclassed(members, pending, held_as), held_as
         differ = disagreement(members)
         if differ:
-            self.with_reason(key, pending, f"pending: {differ}")
+            self.with_reason(key, pending, f"pending: {differ}", code=Code.CHOICES_DIFFER)
             return None
         return members, ""
 
@@ -108,7 +109,7 @@ class ChoosingPass(PassState):
                     continue
 
             def placed_on(n: str, m: tuple[Device, ...] = members) -> tuple[Device, ...]:
-                return self._bound_on(m, n, names)
+                return self.bound_on(m, n, names)
 
             node = self.best_node(key, placed_on, as_choice, exclude=exclude, prefer=prefer)
             if node is not None:
@@ -123,13 +124,14 @@ class ChoosingPass(PassState):
         names = {d.name for d in members}
         differ = disagreement(members)
         if differ:
-            self.with_reason(key, names, f"pending: {differ}")
+            self.with_reason(key, names, f"pending: {differ}", code=Code.CHOICES_DIFFER)
             self.refused.add(key)
             return
         node, choice, notes = self.place_choosing(key, members, choices_of(members[0]), budget=True)
         if node is None:
-            self.with_reason(key, names, f"pending: none of the set's classes can take it: {passed_over(notes)}")
+            why = f"pending: none of the set's classes can take it: {passed_over(notes)}"
+            self.with_reason(key, names, why, code=Code.NO_CHOICE_FITS)
             self.refused.add(key)
             return
-        self.settle(key, members, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice)
+        self.settle(key, members, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice, code=Code.BOUND)
         self.counts[Outcome.BOUND] += 1

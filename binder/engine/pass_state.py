@@ -1,16 +1,17 @@
 """The working state of one pass: what it reads, how it chooses a node, how it changes sets.
 
 :class:`PassState` holds the cluster as the pass found it and the ledger it moves sets
-in; the steps (``binder.engine.placement``) and the handling of sets that accept several
-classes (``binder.engine.pass_choices``) are built on it (the layers, and why they
-inherit: ``binder.engine.placement._Pass``). Nothing here does I/O.
+in; the handling of sets that accept several classes (``binder.engine.pass_choices``),
+placing one set (``binder.engine.pass_placing``) and the steps (``binder.engine.placement``)
+are built on it, and the lending rules (``binder.engine.lending``) work over it (how the
+storeys fit: ``binder.engine.placement._Pass``). Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 
@@ -68,7 +69,7 @@ class PassState:
         by_ns: dict[str, list[Budget]] = defaultdict(list)
         for budget in cluster.budgets:
             by_ns[budget.namespace].append(budget)
-        self._budgets_by_ns = by_ns
+        self.budgets_by_ns = by_ns
         self._limits: dict[str, Limits] = {}
         self.counts: Counter[str] = Counter({o.value: 0 for o in Outcome})
         #: Sets this pass sent to Lost: failing to rebind them right away is no new refusal.
@@ -78,6 +79,9 @@ class PassState:
         self.answered: list[tuple[str, str]] = []
         #: Set when a growing set moved whole this sweep, freeing its old node's units.
         self.room_freed = False
+        #: Lending rules apply: some budget names a borrowing, or some set holds borrowed GPUs
+        #: (``binder.engine.lending``; without either, no set borrows or is marked).
+        self.lending = any(b.borrowing for b in cluster.budgets) or bool(self.ledger.borrowed_sets)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -92,7 +96,7 @@ class PassState:
         found = self._limits.get(namespace)
         if found is None:
             found = self._limits[namespace] = effective_limits(
-                self._budgets_by_ns.get(namespace, ()), self.settings.default_budget
+                self.budgets_by_ns.get(namespace, ()), self.settings.default_budget
             )
         return found
 
@@ -265,20 +269,34 @@ class PassState:
         """
         ledger = self.ledger
         if key in ledger.launcher_pods:
-            return self.budget_refusal(key, self._bound_on(members, "-", names))
+            return self.budget_refusal(key, self.bound_on(members, "-", names))
         used = class_units(members, self.classes, names)
         return _refusal_of(ledger, self.limits(key[0]), key, ledger.used_delta_from(key, used))
 
     # -- changing ------------------------------------------------------------------------
 
-    def _moved(self, device: Device, phase: Phase, node: str, reason: str, held_as: str = "") -> Device:
+    def _moved(self, device: Device, phase: Phase, node: str, reason: str, code: str, held_as: str = "") -> Device:
         held_as = held_as or device.class_name
-        if (device.phase, device.node, device.reason, device.class_name) == (phase, node, reason, held_as):
+        if (device.phase, device.node, device.reason, device.reason_code, device.class_name) == (
+            phase,
+            node,
+            reason,
+            code,
+            held_as,
+        ):
             return device
         changed = (device.phase, device.node) != (phase, node)
-        return device.placed(held_as, phase, node, self.now if changed else device.since, reason)
+        return device.placed(held_as, phase, node, self.now if changed else device.since, reason, reason_code=code)
 
     def apply(self, key: SetKey, devices: Iterable[Device]) -> None:
+        """Make ``devices`` the set's members from now on (the ledger moves with them).
+
+        With lending, a set is borrowed and marked as a whole: its held members share the
+        flag and the mark, and a member that is not held carries neither (a released or
+        re-ordered device borrows nothing). That is kept here, where every change of a set
+        passes, rather than by the lending rules, which change only some of them."""
+        if self.lending:
+            devices = _lent_alike(key, tuple(devices), self.ledger.borrowed_sets)
         if key not in self._before:
             self._before[key] = self.ledger.devices(key)
         if key not in self._in_scope:
@@ -289,19 +307,23 @@ class PassState:
         # Members of one set share its namespace: by name is by key.
         self.ledger.commit(key, tuple(sorted(devices, key=_by_name)))
 
-    def with_reason(self, key: SetKey, names: Iterable[str], reason: str) -> None:
-        """Set ``reason`` on the named members without moving anything."""
+    def with_reason(self, key: SetKey, names: Iterable[str], reason: str, *, code: str) -> None:
+        """Set ``reason`` (of kind ``code``, a :class:`~binder.engine.reasons.Code`) on the
+        named members without moving anything."""
         chosen = set(names)
         members = self.members(key)
-        if all(d.reason == reason for d in members if d.name in chosen):
+        if all(d.reason == reason and d.reason_code == code for d in members if d.name in chosen):
             return
         self.apply(
             key,
-            (d.placed(d.class_name, d.phase, d.node, d.since, reason) if d.name in chosen else d for d in members),
+            (
+                d.placed(d.class_name, d.phase, d.node, d.since, reason, reason_code=code) if d.name in chosen else d
+                for d in members
+            ),
         )
 
     @staticmethod
-    def _bound_on(devices: Iterable[Device], node: str, names: set[str]) -> tuple[Device, ...]:
+    def bound_on(devices: Iterable[Device], node: str, names: set[str]) -> tuple[Device, ...]:
         return tuple(
             d.placed(d.class_name, Phase.BOUND, node, d.since, d.reason) if d.name in names else d for d in devices
         )
@@ -317,18 +339,28 @@ class PassState:
         """Find the node for ``moving`` (members of ``key``); None if no node has room."""
         members = self.members(key)
         names = {d.name for d in moving}
-        return self.best_node(key, lambda n: self._bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
+        return self.best_node(key, lambda n: self.bound_on(members, n, names), moving, exclude=exclude, prefer=prefer)
 
     def settle(
-        self, key: SetKey, moving: Sequence[Device], phase: Phase, node: str, reason: str, held_as: str = ""
+        self,
+        key: SetKey,
+        moving: Sequence[Device],
+        phase: Phase,
+        node: str,
+        reason: str,
+        held_as: str = "",
+        *,
+        code: str,
     ) -> None:
-        """Move the ``moving`` members to ``phase`` on ``node``; ``held_as``, when given,
-        is the class they are held as from now on (one of their choices)."""
+        """Move the ``moving`` members to ``phase`` on ``node``, saying ``reason`` (of kind
+        ``code``); ``held_as``, when given, is the class they are held as from now on (one
+        of their choices)."""
         if phase is Phase.BOUND:
             self.refused.discard(key)
         names = {d.name for d in moving}
         self.apply(
-            key, (self._moved(d, phase, node, reason, held_as) if d.name in names else d for d in self.members(key))
+            key,
+            (self._moved(d, phase, node, reason, code, held_as) if d.name in names else d for d in self.members(key)),
         )
 
     # -- result --------------------------------------------------------------------------
@@ -357,6 +389,7 @@ class PassState:
                             to_phase=device.phase,
                             to_node=device.node,
                             reason=device.reason,
+                            reason_code=device.reason_code,
                         )
                     )
                 if device != before:
@@ -408,6 +441,21 @@ class PassState:
 
 
 _by_name = attrgetter("name")
+
+
+def _lent_alike(key: SetKey, devices: tuple[Device, ...], borrowed_sets: Mapping[SetKey, object]) -> tuple[Device, ...]:
+    """``devices`` with the held ones sharing one borrowed flag and mark, the others neither."""
+    if key not in borrowed_sets and not any(d.borrowed or d.reclaim_for for d in devices):
+        return devices  # nothing borrowed or marked: nothing to keep alike
+    held = [d for d in devices if d.held]
+    lent = any(d.borrowed for d in held)
+    mark = next((d.reclaim_for for d in held if d.reclaim_for), "") if lent else ""
+    return tuple(
+        d if (d.borrowed, d.reclaim_for) == ((lent, mark) if d.held else (False, ""))
+        else d.placed(d.class_name, d.phase, d.node, d.since, d.reason, borrowed=d.held and lent,
+                      reclaim_for=mark if d.held else "")
+        for d in devices
+    )  # fmt: skip
 
 
 def _rfc3339(moment: datetime) -> str:

@@ -20,19 +20,17 @@ from datetime import UTC, datetime
 
 from binder.engine.accounting import Ledger
 from binder.engine.choices import (
-    disagreement,
-    has_alternatives,
     passed_over,
     placed_as,
     spec_class,
 )
 from binder.engine.fit import (
     NodeCache,
-    describe_units,
 )
 from binder.engine.ledger_records import SetKey
-from binder.engine.lending import LendingPass
-from binder.engine.pass_state import REASON_BOUND
+from binder.engine.lending import Lending
+from binder.engine.pass_placing import PlacingPass
+from binder.engine.reasons import Code, refusal
 from binder.engine.types import (
     Cluster,
     Device,
@@ -48,6 +46,8 @@ ANSWER_BOUND = "bound:"
 ANSWER_REFUSED = "refused:"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The reason code of a set a step placed, by how the step counts it.
+_CODES = {Outcome.RESTORED: Code.RESTORED, Outcome.MOVED: Code.MOVED}
 
 
 def full_pass(
@@ -95,7 +95,7 @@ def answer_pass(cluster: Cluster, ledger: Ledger | None = None, cache: NodeCache
     it needs). ``cache`` as for :func:`full_pass`.
     """
     run = _Pass(cluster, ledger, cache)
-    run.whole_view = False
+    run.lender.whole_view = False
     if cluster.settings.enabled:
         keys = sorted({d.set_key for d in cluster.devices if d.wants_answer})
         for key in keys:
@@ -110,46 +110,65 @@ def try_order(cluster: Cluster, key: SetKey, ledger: Ledger | None = None) -> tu
     the catalog's "would it fit, and as which class" answered by the binder's own rules
     (borrowing, as an answer pass would, only onto room no entitled set waits for)."""
     run = _Pass(cluster, ledger=ledger, scope=[key])
-    run.whole_view = False
+    lender = run.lender
+    lender.whole_view = False
     if cluster.settings.enabled:
-        waiting = run.waiting_at_start() if run.lending else set()
+        waiting = lender.waiting_at_start() if run.lending else set()
         run.bind_order(key)
-        if run.lending and all(d.phase is Phase.PENDING for d in run.members(key)) and run.borrow_choices(key):
-            run.bind_borrowing(key, waiting)
+        if run.lending and all(d.phase is Phase.PENDING for d in run.members(key)) and lender.borrow_choices(key):
+            lender.bind_borrowing(key, waiting)
     return run.members(key)
 
 
 def waiting_resources(cluster: Cluster, ledger: Ledger | None = None) -> set[str]:
     """The resources entitled sets (Lost sets, orders within budget) wait for room of now:
     what a borrowing order may not take (the catalog's "what could be borrowed now")."""
-    run = _Pass(cluster, ledger=ledger)
-    run.whole_view = False
-    return run.waiting_at_start()
+    lender = Lending(PlacingPass(cluster, ledger=ledger))
+    lender.whole_view = False
+    return lender.waiting_at_start()
 
 
-class _Pass(LendingPass):
-    """One pass: the steps, in order, over the working state.
+class _Pass(PlacingPass):
+    """One pass: the steps, in order, over the working state, with the lending rules it holds.
 
-    The one place that says how a pass is put together. It is one object built in four
-    layers, each a module of its own, each adding methods over the same state:
+    The one place that says how a pass is put together. Its working state is built in
+    three storeys, each a module of its own, each adding methods over the same state and
+    calling only the storeys below it:
 
     1. :class:`~binder.engine.pass_state.PassState` (``pass_state``): the cluster as read,
        the ledger, choosing the fullest node, changing a set, the result;
     2. :class:`~binder.engine.pass_choices.ChoosingPass` (``pass_choices``): placing a set
        that accepts several classes (``place_choosing``, ``bind_choosing``);
-    3. :class:`~binder.engine.lending.LendingPass` (``lending``): borrowing beyond a
-       budget, repaying, reclaim marks and releases;
-    4. this class: the steps of a pass in order (restore, grow, move, rebind, bind,
-       answer) with ``grow``, ``gather`` and ``move_off_unfit_nodes``.
+    3. :class:`~binder.engine.pass_placing.PlacingPass` (``pass_placing``): placing one
+       set (``bind_order``, ``rebind``, ``grow``).
 
-    Why inheritance and not objects that hold each other: every layer reads and writes
-    the same working state (the devices, the ledger, the node cache, the notes) many times
-    per set, and the steps call down (``place_choosing``) as much as the lending rules call
-    back into placing (a reclaim moves a set the way a step does). Composed, each layer
-    would take the state and the others as arguments on every call, on the hottest path
-    of a pass. Reading ``grow``: its steps are here, placing is ``pass_choices``, the
-    ledger and node choice are ``pass_state``.
+    On top, this class: the steps of a pass in order (restore, move, rebind, bind,
+    answer) with ``gather``, ``relieve`` and ``move_off_unfit_nodes``. Beside it, the
+    lending rules (:class:`~binder.engine.lending.Lending`, ``lending``: borrowing beyond
+    a budget, repaying, reclaim marks and releases) are an object the pass holds
+    (:attr:`lender`) and hands this working state, as Kueue's scheduler holds its
+    preemptor: a reclaim places the set it freed room for through the storeys below
+    (``rebind``, ``bind_order``) and never calls back into the steps.
+
+    Why the storeys inherit and lending does not: every storey reads and writes the same
+    working state (the devices, the ledger, the node cache, the notes) many times per set,
+    on the hottest path of a pass, and none of them is useful alone; the lending rules are
+    a concern of their own, reached only when some budget lends or some set borrows, and
+    keep state of their own for a pass (what they released, what entitled sets waited
+    for). Reading ``gather``: its step is here, placing is ``pass_placing`` and
+    ``pass_choices``, the ledger and node choice are ``pass_state``.
     """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ledger: Ledger | None = None,
+        cache: NodeCache | None = None,
+        scope: Iterable[SetKey] | None = None,
+    ) -> None:
+        super().__init__(cluster, ledger, cache, scope)
+        #: The lending rules, over this pass's working state.
+        self.lender = Lending(self)
 
     # -- step 1: restore sets ------------------------------------------------------------
 
@@ -176,9 +195,9 @@ class _Pass(LendingPass):
             missing = f"pending: class {device.class_name} does not exist"
             if device.phase is not Phase.PENDING:
                 released = f"{missing}; the device's units were released"
-                self.settle(key, [device], Phase.PENDING, "", released, held_as=spec_class(device))
-            elif not device.reason.startswith(missing):
-                self.with_reason(key, [device.name], missing)
+                self.settle(key, [device], Phase.PENDING, "", released, spec_class(device), code=Code.CLASS_MISSING)
+            elif device.reason_code != Code.CLASS_MISSING:
+                self.with_reason(key, [device.name], missing, code=Code.CLASS_MISSING)
 
     def gather(self, key: SetKey) -> None:
         held = [d for d in self.members(key) if d.held]
@@ -193,59 +212,9 @@ class _Pass(LendingPass):
             held,
             Outcome.RESTORED,
             lambda node: f"restored: set gathered onto {node} ({split})",
-            f"lost: no node has room for the whole set ({split})",
+            f"no node has room for the whole set ({split})",
             prefer=prefer,
         )
-
-    def grow(self, key: SetKey, *, allow_move: bool, final: bool = True) -> None:
-        """New Pending members of a Bound set: grow on its node, else move whole (step 1).
-
-        Step 1 tries first (``final=False``: a refusal is not counted yet); the full pass
-        tries again once steps 2-3 may have freed room, so a second pass has nothing left
-        to do.
-        """
-        members = self.members(key)
-        held = [d for d in members if d.held]
-        joined = self.join_as_held(key, members, held)
-        if joined is None:
-            return
-        members, held_as = joined
-        fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
-        if not held or not fresh or len({(d.phase, d.node) for d in held}) > 1:
-            return
-        if held[0].phase is Phase.LOST:
-            reason = "pending: waiting for the rest of the set, which is Lost, to be rebound"
-            self.with_reason(key, (d.name for d in fresh), reason)
-            return
-        node = held[0].node
-        names = {d.name for d in fresh}
-        refusal = self.budget_refusal(key, self._bound_on(members, node, names))
-        if refusal:
-            self.with_reason(key, names, f"pending: {refusal}")
-            if final:
-                self.refused.add(key)
-            return
-        if not self.cannot_take(node, fresh) and self.fit(key, self._bound_on(members, node, names), node) is not None:
-            self.settle(key, fresh, Phase.BOUND, node, f"bound: the set grew on its node {node}", held_as)
-            self.counts[Outcome.BOUND] += 1
-            return
-        whole = held + fresh
-        target = None
-        if allow_move:
-            if held_as:
-                target = self.place_choosing(key, whole, (held_as,), exclude=[node])[0]
-            else:
-                target = self.place(key, whole, exclude=[node])
-        if target is not None:
-            self.settle(key, held, Phase.BOUND, target, f"moved from {node}: the set grew and {node} has no room")
-            self.settle(key, fresh, Phase.BOUND, target, REASON_BOUND, held_as)
-            self.counts[Outcome.MOVED] += 1
-            self.room_freed = True
-            return
-        where = f"on {node} or any node with room for the whole set" if allow_move else f"on {node}"
-        self.with_reason(key, names, f"pending: no room for {describe_units(self.units(fresh))} {where}")
-        if final:
-            self.refused.add(key)
 
     # -- step 2: move held sets off nodes that cannot keep them --------------------------
 
@@ -312,7 +281,7 @@ class _Pass(LendingPass):
             held,
             Outcome.MOVED,
             lambda _: f"moved from {from_node}: {why}",
-            f"lost: {why}; no other node has room for the set",
+            f"{why}; no other node has room for the set",
             exclude=[from_node],
         )
 
@@ -327,13 +296,14 @@ class _Pass(LendingPass):
         exclude: Iterable[str] = (),
         prefer: Counter[str] | None = None,
     ) -> None:
-        """Put the held members of ``key`` on the best node, or send them all to Lost.
+        """Put the held members of ``key`` on the best node (``placed(node)`` says so), or
+        send them all to Lost (``lost`` says why: "lost: " comes first).
 
         A set with alternatives tries its choices in order (keeping its class when a
         launcher holds it): the first one with room wins. A borrowed set is never Lost
-        (:meth:`move_borrowed`)."""
+        (:meth:`Lending.move_borrowed`)."""
         if self.lending and any(d.borrowed for d in held):
-            self.move_borrowed(key, held, placed, lost, exclude=exclude, prefer=prefer)
+            self.lender.move_borrowed(key, held, placed, lost, _CODES[outcome], exclude=exclude, prefer=prefer)
             return
         choices = self.move_choices(key)
         choice, notes = "", list[tuple[str, str]]()
@@ -342,10 +312,13 @@ class _Pass(LendingPass):
         else:
             node, choice, notes = self.place_choosing(key, held, choices, exclude=exclude, prefer=prefer)
         if node is not None:
-            self.settle(key, held, Phase.BOUND, node, placed(node) + placed_as(choice, notes), choice)
+            self.settle(
+                key, held, Phase.BOUND, node, placed(node) + placed_as(choice, notes), choice, code=_CODES[outcome]
+            )
             self.counts[outcome] += 1
         else:
-            self.settle(key, held, Phase.LOST, "", lost + (f" ({passed_over(notes)})" if notes else ""))
+            why = f"lost: {lost}" + (f" ({passed_over(notes)})" if notes else "")
+            self.settle(key, held, Phase.LOST, "", why, code=Code.LOST)
             self.counts[Outcome.LOST] += 1
             self._lost_now.add(key)
 
@@ -360,42 +333,6 @@ class _Pass(LendingPass):
         for _, key in sorted(lost):
             self.rebind(key)
 
-    def rebind(self, key: SetKey) -> None:
-        """Place a Lost set, with its new members if their budget allows (no check for the rest)."""
-        choices = self.move_choices(key)
-        if choices is not None:
-            self.rebind_choosing(key, choices)
-            return
-        members = self.members(key)
-        held = [d for d in members if d.held]
-        fresh = [d for d in members if d.phase is Phase.PENDING and d.class_name in self.classes]
-        refusal = None
-        if fresh:
-            # Budget does not depend on the node: Bound and Lost both count.
-            refusal = self.held_refusal(key, members, {d.name for d in fresh})
-            if not refusal:
-                node = self.place(key, held + fresh)
-                if node is not None:
-                    self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
-                    self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND)
-                    self.counts[Outcome.BOUND] += 1
-                    return
-        node = self.place(key, held)
-        if node is None:
-            if not any(d.reason.startswith("lost:") for d in held):
-                self.with_reason(
-                    key, (d.name for d in held), f"lost: no node has room for {describe_units(self.units(held))}"
-                )
-            if key not in self._lost_now:
-                self.refused.add(key)
-            return
-        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}")
-        self.counts[Outcome.BOUND] += 1
-        if fresh:
-            why = f"pending: {refusal}" if refusal else f"pending: no room for new members next to the set on {node}"
-            self.with_reason(key, (d.name for d in fresh), why)
-            self.grow(key, allow_move=False)
-
     # -- step 4: bind new orders ---------------------------------------------------------
 
     def bind_orders(self) -> None:
@@ -408,97 +345,7 @@ class _Pass(LendingPass):
             for _, key in sorted(orders):
                 self.bind_order(key)
             return
-        self.bind_orders_lending([key for _, key in sorted(orders)])
-
-    def bind_orders_lending(self, orders: Sequence[SetKey]) -> None:
-        """Step 4 with lending: repay, then every within-budget order (oldest first), then
-        the orders that may borrow, only onto room no entitled set still waits for; then
-        reclaim for the entitled sets still waiting."""
-        self.repay()
-        entitled: list[SetKey] = []
-        borrowers: list[SetKey] = []
-        for key in orders:
-            if key in self.released_now:
-                continue
-            self.bind_order(key)
-            if not all(d.phase is Phase.PENDING for d in self.members(key)):
-                continue
-            if self.entitled_order(key):
-                entitled.append(key)
-            if self.limits(key[0]).borrowing:
-                # Its budgets lend: bind_borrowing judges its choices when its turn comes (usage
-                # only grows until then, so a choice that may not borrow now never will here).
-                borrowers.append(key)
-        waiting: set[str] = set()
-        for key in [*self.lost_sets(), *entitled]:
-            # Each was just tried (step 3, or the orders above) and found no room.
-            waiting |= self.entitled_waits(key, room_checked=True)
-        for key in borrowers:
-            if all(d.phase is Phase.PENDING for d in self.members(key)):
-                self.bind_borrowing(key, waiting)
-        self.reclaim(entitled)
-
-    def bind_order(self, key: SetKey) -> None:
-        members = self.members(key)
-        if has_alternatives(members):
-            self.bind_choosing(key, members)
-            return
-        missing = sorted({d.class_name for d in members if d.class_name not in self.classes})
-        if missing:
-            for device in members:
-                if device.class_name in missing:
-                    why = f"pending: class {device.class_name} does not exist"
-                else:
-                    why = f"pending: waiting for the set's devices of missing class {', '.join(missing)}"
-                self.with_reason(key, [device.name], why)
-            self.refused.add(key)
-            return
-        names = {d.name for d in members}
-        refusal = self.held_refusal(key, members, names)
-        if refusal:
-            self.with_reason(key, names, f"pending: {refusal}")
-            self.refused.add(key)
-            return
-        node = self.place(key, members)
-        if node is None:
-            self.with_reason(
-                key,
-                names,
-                f"pending: no Ready, schedulable node matching the set's classes has room for "
-                f"{describe_units(self.units(members))}{self.taint_note(members)}",
-            )
-            self.refused.add(key)
-            return
-        self.settle(key, members, Phase.BOUND, node, REASON_BOUND)
-        self.counts[Outcome.BOUND] += 1
-
-    def rebind_choosing(self, key: SetKey, choices: Sequence[str]) -> None:
-        """Rebind a Lost set with alternatives: with its new members where their budget
-        allows, else alone (no budget check: it already counts), first choice first."""
-        members = self.members(key)
-        held = [d for d in members if d.held]
-        fresh = [d for d in members if d.phase is Phase.PENDING] if not disagreement(members) else []
-        if fresh:
-            node, choice, notes = self.place_choosing(key, held + fresh, choices, budget=True)
-            if node is not None:
-                self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
-                self.settle(key, fresh, Phase.BOUND, node, REASON_BOUND + placed_as(choice, notes), choice)
-                self.counts[Outcome.BOUND] += 1
-                return
-        node, choice, notes = self.place_choosing(key, held, choices)
-        if node is None:
-            if not any(d.reason.startswith("lost:") for d in held):
-                why = f"lost: none of the set's classes has a node with room for it: {passed_over(notes)}"
-                self.with_reason(key, (d.name for d in held), why)
-            if key not in self._lost_now:
-                self.refused.add(key)
-            return
-        self.settle(key, held, Phase.BOUND, node, f"rebound: {REASON_BOUND}{placed_as(choice, notes)}", choice)
-        self.counts[Outcome.BOUND] += 1
-        if fresh:
-            why = f"pending: no room for new members next to the set on {node}"
-            self.with_reason(key, (d.name for d in fresh), why)
-            self.grow(key, allow_move=False)
+        self.lender.bind_orders([key for _, key in sorted(orders)])
 
     # -- answer pass ---------------------------------------------------------------------
 
@@ -508,12 +355,13 @@ class _Pass(LendingPass):
         held = [d for d in members if d.held]
         if len({(d.phase, d.node) for d in held}) > 1:
             return
-        if self.lending and held and any(d.reclaim_for for d in held) and not self.vm_running(key):
+        lender = self.lender
+        if self.lending and held and any(d.reclaim_for for d in held) and not lender.vm_running(key):
             # A marked set whose VM starts again gives its GPUs to the set they were marked
             # for, and is placed as an order (borrowing only where nobody waits).
             mark = next(d.reclaim_for for d in held if d.reclaim_for)
-            self.waiting_at_start()  # judged before the release frees the room
-            self.release(key, f"its borrowed GPUs were taken back for {mark}, which waited for them", mark)
+            lender.waiting_at_start()  # judged before the release frees the room
+            lender.release(key, f"its borrowed GPUs were taken back for {mark}, which waited for them", mark)
             held = []
         if held and held[0].phase is Phase.BOUND:
             self.grow(key, allow_move=False)
@@ -522,8 +370,8 @@ class _Pass(LendingPass):
         else:
             self.bind_order(key)
             members = self.members(key)
-            if self.lending and all(d.phase is Phase.PENDING for d in members) and self.borrow_choices(key):
-                self.bind_borrowing(key, self.waiting_at_start())
+            if self.lending and all(d.phase is Phase.PENDING for d in members) and lender.borrow_choices(key):
+                lender.bind_borrowing(key, lender.waiting_at_start())
 
     # -- step 5: answer ------------------------------------------------------------------
 
@@ -562,5 +410,5 @@ class _Pass(LendingPass):
 def _first_refusal(members: Iterable[Device]) -> str:
     for device in members:
         if device.phase is not Phase.BOUND and device.reason:
-            return device.reason.removeprefix("pending: ")
+            return refusal(device)
     return ""

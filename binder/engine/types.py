@@ -230,6 +230,10 @@ class Device:
     reclaim_for: str = ""
     """``status.reclaimFor``: ``<namespace>/<vm>`` of the waiting set this borrowed set's
     GPUs are wanted back for; empty while nobody waits for them."""
+    reason_code: str = ""
+    """What kind of reason ``reason`` is (a :class:`binder.engine.reasons.Code` value): what
+    code switches on, so nothing reads the sentence's words. Empty for a reason written
+    before codes were kept."""
     admitted: datetime | None = None
     """The ``gpuplane.io/admitted`` annotation, on a set's first member only: when the webhook
     last allowed a VMI pinned to where the set is Bound. Its write and a pass's move of the
@@ -263,9 +267,10 @@ class Device:
         answer: str | None = None,
         borrowed: bool | None = None,
         reclaim_for: str | None = None,
+        reason_code: str | None = None,
     ) -> Device:
         """This device with the fields a pass decides (``answered_request``, ``answer``,
-        ``borrowed`` and ``reclaim_for`` kept unless given): what ``dataclasses.replace``
+        ``borrowed``, ``reclaim_for`` and ``reason_code`` kept unless given): what ``dataclasses.replace``
         gives, in half its time (a pass binding 10k orders copies some 50k records). Every other field is carried over;
         ``tests/engine/test_engine.py`` holds the two equal for every field."""
         return Device(
@@ -285,6 +290,7 @@ class Device:
             self.choices,
             self.borrowed if borrowed is None else borrowed,
             self.reclaim_for if reclaim_for is None else reclaim_for,
+            self.reason_code if reason_code is None else reason_code,
             self.admitted,
         )
 
@@ -382,6 +388,8 @@ class Change:
     to_phase: Phase
     to_node: str
     reason: str
+    reason_code: str = ""
+    """The reason's :class:`binder.engine.reasons.Code` value (``Device.reason_code``)."""
 
 
 class Outcome(enum.StrEnum):

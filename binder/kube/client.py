@@ -26,16 +26,11 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from binder.kube.resources import (
-    ADMITTED_ANNOTATION,
-    BIND_NODE_SELECTOR_ANNOTATION,
-    BIND_REQUEST_ANNOTATION,
-    GROUP,
-)
+from binder.kube.kinds import BY_KIND, Kind
+from binder.kube.resources import ADMITTED_ANNOTATION, BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION
 
 log = logging.getLogger(__name__)
 
-VERSION = "v1alpha1"
 #: The finalizer gpuplane puts on every GPU and GPUClass.
 FINALIZER = "gpuplane.io/release"
 #: Writes kept in flight at once by :func:`each_in_flight` (within the client's connection
@@ -66,44 +61,8 @@ def each_in_flight[In, Out](call: Callable[[In], Out], items: Sequence[In]) -> l
         return list(pool.map(guarded, items))
 
 
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """One kind gpuplane reads: where it lives in the API."""
-
-    kind: str
-    group: str
-    version: str
-    plural: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if namespace and self.namespaced:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-RESOURCES: dict[str, Resource] = {
-    r.kind: r
-    for r in (
-        Resource("Namespace", "", "v1", "namespaces", False),
-        Resource("Node", "", "v1", "nodes", False),
-        Resource("Pod", "", "v1", "pods", True),
-        Resource("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances", True),
-        Resource("GPUClass", GROUP, VERSION, "gpuclasses", False),
-        Resource("GPU", GROUP, VERSION, "gpus", True),
-        Resource("GPUBudget", GROUP, VERSION, "gpubudgets", True),
-    )
-}
+#: Where each mirrored kind lives in the API (``binder.kube.kinds``: one row per kind).
+RESOURCES: dict[str, Kind] = BY_KIND
 
 
 class Gone(Exception):
@@ -208,7 +167,7 @@ class KubeApi:
             watcher.stop()
 
     @staticmethod
-    def _typed(resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def _typed(resource: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
         """The object with ``kind`` and ``apiVersion``: list items of built-in kinds lack them."""
         typed = dict(obj)
         typed.setdefault("kind", resource.kind)

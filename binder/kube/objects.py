@@ -39,6 +39,7 @@ from binder.kube.fields import (
     safe_text,
     text_problem,
 )
+from binder.kube.kinds import KINDS
 from binder.kube.resources import (
     BIND_NODE_SELECTOR_ANNOTATION,
     BIND_REQUEST_ANNOTATION,
@@ -83,26 +84,11 @@ __all__ = [
     "text_problem",
 ]
 
-PARSERS = {
-    "Namespace": parse_namespace,
-    "Node": parse_node,
-    "Pod": parse_pod,
-    "VirtualMachineInstance": parse_vmi,
-    "GPUClass": parse_gpu_class,
-    "GPU": parse_gpu,
-    "GPUBudget": parse_gpu_budget,
-}
+#: Each mirrored kind's parser (``binder.kube.kinds``: one row per kind).
+PARSERS = {k.kind: k.parser for k in KINDS}
 
 #: The API group each mirrored kind belongs to ("" is the core group).
-GROUPS = {
-    "Namespace": "",
-    "Node": "",
-    "Pod": "",
-    "VirtualMachineInstance": "kubevirt.io",
-    "GPUClass": GROUP,
-    "GPU": GROUP,
-    "GPUBudget": GROUP,
-}
+GROUPS = {k.kind: k.group for k in KINDS}
 
 
 def api_group(api_version: Any) -> str | None:

@@ -14,6 +14,7 @@ from sys import intern
 from typing import Any
 
 from binder.engine import types as e
+from binder.kube.kinds import KINDS
 from binder.kube.objects import Parsed
 
 Values = Mapping[str, Any]
@@ -101,6 +102,7 @@ def device_from(
     status_class_name: str = "",
     borrowed: bool = False,
     reclaim_for: str = "",
+    reason_code: str | None = "",
     admitted: datetime | None = None,
 ) -> e.Device:
     phase_ = PHASES[phase]
@@ -131,6 +133,7 @@ def device_from(
         choices,
         bool(borrowed) and phase_ is not e.Phase.PENDING,
         intern(reclaim_for) if reclaim_for and phase_ is not e.Phase.PENDING else "",
+        intern(reason_code) if reason_code else "",
         _since(admitted) if admitted else None,
     )
 
@@ -212,37 +215,10 @@ def pod_from(
     return e.Pod(namespace, name, uid, intern(node), intern(phase), _shared_ints(requests), intern(owner_vmi_hint))
 
 
-#: kind -> (converter, the model fields the converter takes after namespace and name)
+#: kind -> (converter, the model fields the converter takes after namespace and name), from
+#: each kind's row of ``binder.kube.kinds.KINDS`` (the converter named there, defined here).
 CONVERTERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
-    "GPU": (
-        device_from,
-        (
-            "class_name",
-            "vm_name",
-            "phase",
-            "node",
-            "since",
-            "reason",
-            "bind_request",
-            "answered_request",
-            "answer",
-            "created",
-            "bind_node_selector",
-            "alternative_class_names",
-            "status_class_name",
-            "borrowed",
-            "reclaim_for",
-            "admitted",
-        ),
-    ),
-    "GPUClass": (class_from, ("resource_name", "units_per_device", "node_selector", "display_name", "tolerations")),
-    "Node": (node_from, ("allocatable", "labels", "unschedulable", "ready", "ready_since", "taints")),
-    "GPUBudget": (budget_from, ("limits", "borrowing")),
-    "VirtualMachineInstance": (
-        vmi_from,
-        ("uid", "active_pods", "node", "phase", "device_names"),
-    ),
-    "Pod": (pod_from, ("uid", "node", "phase", "gpu_requests", "owner_vmi_hint")),
+    k.kind: (globals()[k.converter], k.row_fields) for k in KINDS if k.converter
 }
 
 
@@ -253,9 +229,11 @@ def from_parsed(parsed: Parsed) -> Any:
     # then nothing is borrowed, marked or allowed to borrow.
     values = parsed.values
     return convert(
-        parsed.namespace, parsed.name, *(values[f] if f in values or f not in LENDING_FIELDS else None for f in fields)
+        parsed.namespace, parsed.name, *(values[f] if f in values or f not in OPTIONAL_FIELDS else None for f in fields)
     )
 
 
-#: Lending fields a parsed object may lack (one parsed before the parsers read them); read as nothing.
-LENDING_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for"})
+#: Fields a parsed object may lack, read as nothing: the lending fields (an object parsed
+#: before the parsers read them) and the reason's code, which the binder keeps in the
+#: mirror beside ``status.reason`` (no parser reads it from an object).
+OPTIONAL_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for", "reason_code"})

@@ -24,6 +24,7 @@ from psycopg.pq import Format
 
 from binder import models
 from binder.engine import types as e
+from binder.kube import kinds as kube_kinds
 from binder.mirror.convert import CONVERTERS
 
 Values = Mapping[str, Any]
@@ -52,15 +53,7 @@ def engine_settings() -> e.Settings:
 
 #: kind -> (model, converter, the model fields the converter takes after namespace and name)
 KINDS: dict[str, tuple[type[Any], Callable[..., Any], tuple[str, ...]]] = {
-    kind: (model, *CONVERTERS[kind])
-    for kind, model in (
-        ("GPU", models.GpuDevice),
-        ("GPUClass", models.GpuClass),
-        ("Node", models.Node),
-        ("GPUBudget", models.GpuBudget),
-        ("VirtualMachineInstance", models.VirtualMachineInstance),
-        ("Pod", models.Pod),
-    )
+    k.kind: (getattr(models, k.model), *CONVERTERS[k.kind]) for k in kube_kinds.KINDS if k.converter
 }
 
 

@@ -38,14 +38,14 @@ from django.db.models import Value
 
 from binder import models
 from binder.kube import client as kube_client
+from binder.kube import kinds as kube_kinds
 from binder.kube.objects import ObjectError, Parsed, parse_object, text_problem
 from binder.queue import queue_auto_full_pass
 
 log = logging.getLogger(__name__)
 
-NAMESPACED = {"GPU", "GPUBudget", "VirtualMachineInstance", "Pod"}
 #: Kinds whose rows keep the object's resourceVersion (the binder writes their status).
-VERSIONED = {"GPU", "GPUClass", "GPUBudget"}
+VERSIONED = kube_kinds.STATUS_WRITTEN
 
 
 @dataclass
@@ -70,11 +70,8 @@ class LoadReport:
 
 def clear_mirror() -> None:
     """Delete every mirrored object; pass history and decisions are kept."""
-    for model in (models.GpuDevice, models.GpuBudget, models.Pod, models.VirtualMachineInstance):
-        model.objects.all().delete()
-    models.Namespace.objects.all().delete()
-    models.Node.objects.all().delete()
-    models.GpuClass.objects.all().delete()
+    for kind in reversed(kube_kinds.KINDS):  # what lives in a namespace before the namespace
+        MODELS[kind.kind].objects.all().delete()
 
 
 def write_parsed(parsed: Sequence[Parsed], report: LoadReport | None = None) -> LoadReport:
@@ -87,18 +84,15 @@ def write_parsed(parsed: Sequence[Parsed], report: LoadReport | None = None) -> 
         for item in parsed:
             by_kind.setdefault(item.kind, []).append(item)
         _upsert(models.Namespace, by_kind.get("Namespace", []), report)
-        wanted = sorted({item.namespace for item in parsed if item.kind in NAMESPACED})
+        wanted = sorted({item.namespace for item in parsed if item.kind in kube_kinds.NAMESPACED})
         existing = set(models.Namespace.objects.filter(name__in=wanted).values_list("name", flat=True))
         missing = [name for name in wanted if name not in existing]
         models.Namespace.objects.bulk_create([models.Namespace(name=name) for name in missing])
         report.created_namespaces = missing
         ns_ids = dict(models.Namespace.objects.filter(name__in=wanted).values_list("name", "id"))
-        _upsert(models.Node, by_kind.get("Node", []), report)
-        _upsert(models.GpuClass, by_kind.get("GPUClass", []), report)
-        _upsert(models.GpuDevice, by_kind.get("GPU", []), report, ns_ids)
-        _upsert(models.GpuBudget, by_kind.get("GPUBudget", []), report, ns_ids)
-        _upsert(models.VirtualMachineInstance, by_kind.get("VirtualMachineInstance", []), report, ns_ids)
-        _upsert(models.Pod, by_kind.get("Pod", []), report, ns_ids)
+        for kind in kube_kinds.KINDS:
+            if kind.kind != "Namespace":
+                _upsert(MODELS[kind.kind], by_kind.get(kind.kind, []), report, ns_ids if kind.namespaced else None)
     return report
 
 
@@ -119,17 +113,10 @@ def _upsert(model: Any, items: list[Parsed], report: LoadReport, ns_ids: Mapping
     report.loaded[items[0].kind] += len(rows)
 
 
-MODELS: dict[str, Any] = {
-    "Namespace": models.Namespace,
-    "Node": models.Node,
-    "GPUClass": models.GpuClass,
-    "GPU": models.GpuDevice,
-    "GPUBudget": models.GpuBudget,
-    "VirtualMachineInstance": models.VirtualMachineInstance,
-    "Pod": models.Pod,
-}
+#: Each mirrored kind's model (``binder.kube.kinds``: one row per kind, the model named there).
+MODELS: dict[str, Any] = {k.kind: getattr(models, k.model) for k in kube_kinds.KINDS}
 #: Kinds whose deletion waits on gpuplane's finalizer: while deleting they count as gone.
-RELEASED_BY_BINDER = {"GPU", "GPUClass"}
+RELEASED_BY_BINDER = kube_kinds.FINALIZED
 
 
 @dataclass(frozen=True, slots=True)

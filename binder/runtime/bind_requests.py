@@ -168,7 +168,6 @@ def read_rows(wanted: Iterable[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, 
     return found
 
 
-
 def record_answers(run: models.PassRun, result: PassResult, ids: dict[tuple[str, str], int]) -> None:
     """One BindAnswer per request this pass answered, with its latency when known."""
     keys = set(result.answered)

@@ -237,5 +237,3 @@ def dumps(payload: dict[str, Any]) -> bytes:
     pickler.table = table
     pickler.dump(payload)
     return out.close()
-
-

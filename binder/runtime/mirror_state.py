@@ -31,14 +31,15 @@ from binder import models
 from binder.engine import Ledger
 from binder.engine import types as e
 from binder.engine.fit import NodeCache
+from binder.kube import kinds as kube_kinds
 from binder.mirror.read import KINDS, fetch_ids, read_rows
 from binder.runtime.feed import FeedCursor, FeedGap, FeedRead, OwnWrites
 
 log = logging.getLogger(__name__)
 
 SetKey = tuple[str, str]
-#: The engine kinds, in the order a rebuild reads them.
-ENGINE_KINDS = ("GPUClass", "Node", "GPU", "GPUBudget", "VirtualMachineInstance", "Pod")
+#: The engine kinds, in the order a rebuild reads them (``binder.kube.kinds``: all but namespaces).
+ENGINE_KINDS = kube_kinds.ENGINE_KINDS
 
 
 @dataclass(slots=True)

@@ -52,10 +52,10 @@ log = logging.getLogger(__name__)
 FREEZE_AT_DEVICES = 50_000
 #: The binder_decision columns a pass COPYs, as PostgreSQL types (binary COPY).
 DECISION_TYPES = ("int8", "varchar", "varchar", "varchar", "varchar", "varchar", "varchar", "varchar", "text",
-                  "timestamptz")  # fmt: skip
+                  "varchar", "timestamptz")  # fmt: skip
 #: The columns of the device writes a pass COPYs (see ``_write_postgresql``).
 DEVICE_WRITE_TYPES = ("int8", "varchar", "varchar", "timestamptz", "text", "varchar", "text", "varchar", "bool",
-                      "varchar")  # fmt: skip
+                      "varchar", "varchar")  # fmt: skip
 #: A phase's value without the enum's descriptor (26k lookups for 10k new orders).
 PHASE_VALUES = {phase: phase.value for phase in e.Phase}
 #: From this many changed devices a pass writes them through COPY (``_copy_device_writes``).
@@ -71,19 +71,29 @@ LARGE_UPDATE_SETTINGS_RESET = (
 DEVICE_UPDATE = (
     "UPDATE binder_gpudevice AS d SET phase = v.phase, node = v.node, since = v.since, reason = v.reason,"
     " answered_request = v.answered_request, answer = v.answer, status_class_name = v.held_as,"
-    " borrowed = v.borrowed, reclaim_for = v.reclaim_for FROM "
+    " borrowed = v.borrowed, reclaim_for = v.reclaim_for, reason_code = v.reason_code FROM "
 )
 #: A large pass's device UPDATE, from the rows it COPYed (``_copy_device_writes``).
 DEVICE_UPDATE_FROM_COPY = DEVICE_UPDATE + "gpuplane_device_writes AS v WHERE d.id = v.id"
 #: The table of the transaction a large pass COPYs its device writes into.
 DEVICE_WRITES_TABLE = (
     "CREATE TEMP TABLE gpuplane_device_writes (id bigint, phase varchar, node varchar, since timestamptz,"
-    " reason text, answered_request varchar, answer text, held_as varchar, borrowed boolean, reclaim_for varchar)"
-    " ON COMMIT DROP"
+    " reason text, answered_request varchar, answer text, held_as varchar, borrowed boolean, reclaim_for varchar,"
+    " reason_code varchar) ON COMMIT DROP"
 )
 #: The fields a pass may write on a device: its placement and its answer to a bind request
 #: (``bind_requests.ANSWER_COLUMNS``), never a column of the request itself (``REQUEST_COLUMNS``).
-PLACEMENT_FIELDS = ("phase", "node", "since", "reason", *ANSWER_COLUMNS, "status_class_name", "borrowed", "reclaim_for")
+PLACEMENT_FIELDS = (
+    "phase",
+    "node",
+    "since",
+    "reason",
+    *ANSWER_COLUMNS,
+    "status_class_name",
+    "borrowed",
+    "reclaim_for",
+    "reason_code",
+)
 
 ENGINES: dict[str, Callable[..., PassResult]] = {
     models.PassKind.FULL: full_pass,
@@ -422,7 +432,7 @@ def _write_statements(
         if result.changes:
             with raw.copy(
                 "COPY binder_decision (pass_run_id, namespace, vm_name, device_name, from_phase, from_node,"
-                " to_phase, to_node, reason, created) FROM STDIN (FORMAT BINARY)"
+                " to_phase, to_node, reason, reason_code, created) FROM STDIN (FORMAT BINARY)"
             ) as copy:
                 # Binary rows: psycopg's C dumpers write them, a third of the text format's time.
                 copy.set_types(DECISION_TYPES)
@@ -438,6 +448,7 @@ def _write_statements(
                             PHASE_VALUES[c.to_phase],
                             c.to_node,
                             c.reason,
+                            c.reason_code,
                             run.started,
                         )
                     )
@@ -512,8 +523,8 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
         return
     binary.execute(
         DEVICE_UPDATE + "unnest(%b::bigint[], %b::varchar[], %b::varchar[], %b::timestamptz[], %b::text[],"
-        " %b::varchar[], %b::text[], %b::varchar[], %b::boolean[], %b::varchar[])"
-        " AS v(id, phase, node, since, reason, answered_request, answer, held_as, borrowed, reclaim_for)"
+        " %b::varchar[], %b::text[], %b::varchar[], %b::boolean[], %b::varchar[], %b::varchar[])"
+        " AS v(id, phase, node, since, reason, answered_request, answer, held_as, borrowed, reclaim_for, reason_code)"
         " WHERE d.id = v.id",
         [
             [i for i, _ in changed],
@@ -526,6 +537,7 @@ def _update_devices_by_unnest(binary: psycopg.Cursor[Any], changed: list[tuple[i
             [held_as(d) for _, d in changed],
             [d.borrowed for _, d in changed],
             [d.reclaim_for for _, d in changed],
+            [d.reason_code for _, d in changed],
         ],
     )
 
@@ -552,7 +564,7 @@ def _copy_device_writes(raw: psycopg.Cursor[Any], changed: list[tuple[int, e.Dev
             phase = PHASE_VALUES[d.phase]
             copy.write_row(
                 (row_id, phase, d.node, d.since, d.reason, d.answered_request, d.answer, held_as(d), d.borrowed,
-                 d.reclaim_for)
+                 d.reclaim_for, d.reason_code)
             )  # fmt: skip
     return True
 
@@ -571,6 +583,7 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
             status_class_name=held_as(d),
             borrowed=d.borrowed,
             reclaim_for=d.reclaim_for,
+            reason_code=d.reason_code,
         )
         for row_id, d in changed
     ]
@@ -587,6 +600,7 @@ def _write_portable(run: models.PassRun, result: PassResult, changed: list[tuple
                 to_phase=c.to_phase.value,
                 to_node=c.to_node,
                 reason=c.reason,
+                reason_code=c.reason_code,
                 created=run.started,
             )
             for c in result.changes

@@ -65,16 +65,17 @@ from django.db.models.functions import Now
 from binder import models
 from binder.engine import Ledger, Node, ledger_for
 from binder.engine import types as e
+from binder.kube import kinds as kube_kinds
 from binder.mirror.read import engine_settings
 from binder.runtime.feed import OwnWrites
 from binder.runtime.flight import SingleFlight
-from binder.runtime.mirror_state import Catchup, MirrorState, SetKey
+from binder.runtime.mirror_state import ENGINE_KINDS, Catchup, MirrorState, SetKey
 from binder.runtime.verify import compare_records
 
 log = logging.getLogger(__name__)
 
 #: The kinds whose records belong to a namespace (the per-namespace index keeps them).
-NAMESPACED = ("GPU", "GPUBudget", "VirtualMachineInstance", "Pod")
+NAMESPACED = tuple(k for k in ENGINE_KINDS if k in kube_kinds.NAMESPACED)
 #: How often at most the process's ``FeedReader`` row is written (well below the retention).
 READER_EVERY_SECONDS = 30.0
 

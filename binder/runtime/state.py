@@ -44,6 +44,7 @@ from binder.engine import PassResult
 from binder.engine import types as e
 from binder.engine.fit import is_settled
 from binder.engine.usage import Subjects
+from binder.kube import kinds as kube_kinds
 from binder.runtime.feed import OwnWrites, prune_feed
 from binder.runtime.mirror_state import Catchup, MirrorState, SetKey
 
@@ -60,7 +61,7 @@ Loader = Callable[["ClusterState", str], Catchup | None]
 
 #: The kinds whose rows usage records depend on (devices, pods, the VMIs and classes
 #: that decide a launcher pod's raw usage).
-RECORDED_KINDS = frozenset({"GPU", "Pod", "VirtualMachineInstance", "GPUClass"})
+RECORDED_KINDS = kube_kinds.RECORDED
 
 
 class ClusterState(MirrorState):

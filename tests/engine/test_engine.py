@@ -494,11 +494,13 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         choices=("h100", "a10"),
         borrowed=True,
         reclaim_for="t2/waiting",
+        reason_code="Lost",
         admitted=NOW - timedelta(minutes=1),
     )
     assert {f.name for f in dataclasses.fields(e.Device)} == {
         "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
         "answered_request", "answer", "created", "bind_node_selector", "choices", "borrowed", "reclaim_for",
+        "reason_code",
         "admitted",
     }  # fmt: skip
     moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
@@ -512,6 +514,8 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
     repaid = device.placed(device.class_name, device.phase, device.node, device.since, device.reason,
                            borrowed=False, reclaim_for="")  # fmt: skip
     assert repaid == dataclasses.replace(device, borrowed=False, reclaim_for="")
+    coded = device.placed(device.class_name, device.phase, device.node, device.since, "bound: x", reason_code="Bound")
+    assert coded == dataclasses.replace(device, reason="bound: x", reason_code="Bound")
 
 
 def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:
@@ -536,7 +540,7 @@ def test_held_refusal_gives_the_budget_refusal_of_the_bound_candidate() -> None:
     for key in sorted({d.set_key for d in c.devices}):
         members = run.members(key)
         for names in ({d.name for d in members}, {d.name for d in members[:1]}, set()):
-            candidate = run._bound_on(members, "-", names)
+            candidate = run.bound_on(members, "-", names)
             assert run.held_refusal(key, members, names) == run.budget_refusal(key, candidate), (key, names)
 
 

@@ -119,3 +119,35 @@ def test_class_gaps_count_only_nodes_that_may_take_the_class() -> None:
     )
     (gap,) = class_gaps(cluster, ledger_for(cluster))
     assert (gap.free, gap.largest, gap.node) == (5 + 4, 5, "ok")
+
+
+# -- the explanation switches on the reason's code, never its words --------------------------
+
+
+def _waiting_beside_a_marked_borrower(code: str, reason: str) -> e.Cluster:
+    """t2/waiting (2, Pending) whose last reason is ``reason`` of kind ``code``, and t1/lent
+    Bound on n1, borrowed and marked for it."""
+    lent = [
+        e.Device("t1", f"lent-{i}", "h100", "lent", phase=e.Phase.BOUND, node="n1", borrowed=True,
+                 reclaim_for="t2/waiting", reason_code="Borrowed")
+        for i in range(2)
+    ]  # fmt: skip
+    waiting = [e.Device("t2", f"waiting-{i}", "h100", "waiting", reason=reason, reason_code=code) for i in range(2)]
+    return _cluster(nodes=[e.Node("n1", {H100: 2})], devices=[*lent, *waiting])
+
+
+def test_a_set_whose_code_says_it_waits_for_reclaim_names_the_marked_sets_from_their_marks() -> None:
+    # The words say nothing of reclaim: the code and the marks are what the board reads.
+    c = _waiting_beside_a_marked_borrower("WaitsForReclaim", "pending: no room")
+    explained = explain_sets(c, ledger_for(c))[("t2", "waiting")]
+    assert explained.summary.startswith(
+        "waits for reclaim: t1/lent on n1, borrowed and marked for it, waits for its VM to stop; "
+    )
+
+
+def test_a_reason_that_only_reads_like_a_reclaim_note_is_not_taken_for_one() -> None:
+    words = "pending: no room; waits for reclaim: t9/other on n9, borrowed and marked for it, waits for its VM to stop"
+    c = _waiting_beside_a_marked_borrower("NoRoom", words)
+    explained = explain_sets(c, ledger_for(c))[("t2", "waiting")]
+    assert "waits for reclaim" not in explained.summary
+    assert explained.reason == words  # the sentence itself is still shown beside it

@@ -191,9 +191,7 @@ def test_a_waiting_order_mixing_resources_marks_the_borrowed_set_in_its_way(fres
     full()
     lent = models.GpuDevice.objects.get(name="lent-gpu0")
     assert (lent.phase, lent.node, lent.borrowed, lent.reclaim_for) == ("Bound", "n1", True, "t2/mixed")
-    assert all(
-        "waits for reclaim: t1/lent on n1" in d.reason for d in models.GpuDevice.objects.filter(vm_name="mixed")
-    )
+    assert all("waits for reclaim: t1/lent on n1" in d.reason for d in models.GpuDevice.objects.filter(vm_name="mixed"))
     models.Pod.objects.filter(uid="pod-lent").update(phase="Succeeded")
     full()
     assert {(d.phase, d.node) for d in models.GpuDevice.objects.filter(vm_name="mixed")} == {("Bound", "n1")}

@@ -284,5 +284,6 @@ def engine_classes() -> dict[str, GpuClass]:
         "a10": shapes.gpu_class("a10", A10),
     }
 
+
 def vmi_devices(vmi: Mapping[str, Any]) -> list[str]:
     return [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]]

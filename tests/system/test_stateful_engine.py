@@ -763,7 +763,6 @@ class EngineMachine(RuleBasedStateMachine):
         assert +recorded == +self.integral, f"records {dict(+recorded)} != held units integrated {dict(+self.integral)}"
 
 
-
 def written_only(result: PassResult, mask: int) -> tuple[PassResult, bool]:
     """The pass's result as ``binder.runtime.cluster.write_status`` narrows it when some status writes
     fail: bit i of ``mask`` (mod 16) says whether the i-th changed device was written."""
@@ -786,5 +785,3 @@ def test_engine_machine() -> None:
     elapsed = time.perf_counter() - started
     print(f"EngineMachine: {STEPS['engine']} steps in {elapsed:.1f} s")
     assert STEPS["engine"] >= ENGINE_MIN_STEPS, f"only {STEPS['engine']} steps ran"
-
-

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('binder', '0017_mirror_name_indexes'),
+        ('binder', '0018_reason_codes'),
     ]
 
     operations = [

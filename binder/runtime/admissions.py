@@ -147,12 +147,9 @@ def admit(decided: e.Device, now: datetime | None = None) -> bool:
     if apiserver.cluster_mode():
         return _admit_in_cluster(decided, when)
     with transaction.atomic():
-        written = (
-            models.GpuDevice.objects.filter(
-                namespace__name=decided.namespace, name=decided.name, phase=e.Phase.BOUND.value, node=decided.node
-            )
-            .update(admitted=when)
-        )
+        written = models.GpuDevice.objects.filter(
+            namespace__name=decided.namespace, name=decided.name, phase=e.Phase.BOUND.value, node=decided.node
+        ).update(admitted=when)
     return written == 1
 
 

@@ -103,6 +103,7 @@ def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmClust
     assert phase == "Bound"
     # The webhook pinned the VMI by the node's own hostname label; KubeVirt carried the pin to the pod.
     expected_hostname = "hgx-01" if node == "n1" else node
+    assert "nodeSelector" in vmi["spec"], vm_cluster.describe("t1")
     assert vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
     assert launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
     assert launcher["spec"]["nodeName"] == node
@@ -148,9 +149,7 @@ def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
     assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
 
 
-def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(
-    vm_cluster: VmCluster, gpuplane: Gpuplane
-) -> None:
+def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
     """Without deploy/'s launcher policy, KubeVirt's own virt-controller lists a tenant's pod that
     carries the kubevirt.io label and a controller reference to the VMI in that VMI's activePods,
     beside the real launcher: the pod would hide its GPUs behind the VM. With the policy the
@@ -163,7 +162,9 @@ def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(
     vmi = vm_cluster.vmi("t1", "vm1")
     assert vmi is not None
     forged = forged_launcher("t1", "forged", "vm1", vmi["metadata"]["uid"], {H100: 2})
-    forged["spec"]["nodeSelector"] = {"kubernetes.io/hostname": launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"]}
+    forged["spec"]["nodeSelector"] = {
+        "kubernetes.io/hostname": launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    }
 
     # With the policy (as deployed): refused, naming why, nothing stored.
     with pytest.raises(ApiError) as refused:
@@ -185,8 +186,14 @@ def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(
     # Without the policy: what the real virt-controller does with the same pod.
     vm_cluster.remove_launcher_policy()
     stored = vm_cluster.request("POST", pod_path("t1"), forged, identity=TENANT_USER)
-    wait_for(lambda: stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get(
-        "activePods", {}), 30, "virt-controller to list the forged pod", detail=lambda: vm_cluster.describe("t1"))
+    wait_for(
+        lambda: (
+            stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get("activePods", {})
+        ),
+        30,
+        "virt-controller to list the forged pod",
+        detail=lambda: vm_cluster.describe("t1"),
+    )
     active = vm_cluster.vmi("t1", "vm1")["status"]["activePods"]  # type: ignore[index]
     assert set(active) == {launcher["metadata"]["uid"], stored["metadata"]["uid"]}
     # kube-scheduler ran it beside the launcher: 4 of the node's 8 GPUs in use. gpuplane, which
@@ -194,15 +201,13 @@ def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(
     wait_for(lambda: vm_cluster.request("GET", pod_path("t1", "forged"))["status"].get("phase") == "Running", 30,
              "the forged pod running")  # fmt: skip
     assert vm_cluster.request("GET", pod_path("t1", "forged"))["spec"]["nodeName"] == node
-    mirrored(lambda: models.Pod.objects.filter(name="forged", phase="Running").exists()
-             and models.VirtualMachineInstance.objects.filter(name="vm1", active_pods__has_key=stored["metadata"]["uid"])
-             .exists(), "the forged pod mirrored", vm_cluster, gpuplane)  # fmt: skip
+    listed = models.VirtualMachineInstance.objects.filter(name="vm1", active_pods__has_key=stored["metadata"]["uid"])
+    mirrored(lambda: models.Pod.objects.filter(name="forged", phase="Running").exists() and listed.exists(),
+             "the forged pod mirrored", vm_cluster, gpuplane)  # fmt: skip
     assert booked(node) == 2 and usage("t1", H100) == 2
 
 
-def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(
-    vm_cluster: VmCluster, gpuplane: Gpuplane
-) -> None:
+def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
     """virt-controller matches a controller reference by uid alone: a tenant's pod naming the VMI's
     uid as a ReplicaSet passes the launcher policy (which guards the kind VirtualMachineInstance)
     and is listed in activePods. gpuplane takes only a VirtualMachineInstance controller reference
@@ -217,11 +222,18 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(
     disguised = forged_launcher("t1", "disguised", "vm1", vmi["metadata"]["uid"], {H100: 2})
     disguised["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="ReplicaSet")
     disguised["metadata"]["annotations"] = {"kubevirt.io/domain": "vm1"}
-    disguised["spec"]["nodeSelector"] = {"kubernetes.io/hostname": launcher["spec"]["nodeSelector"][
-        "kubernetes.io/hostname"]}
+    disguised["spec"]["nodeSelector"] = {
+        "kubernetes.io/hostname": launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    }
     stored = vm_cluster.request("POST", pod_path("t1"), disguised, identity=TENANT_USER)
-    wait_for(lambda: stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get(
-        "activePods", {}), 30, "virt-controller to list the disguised pod", detail=lambda: vm_cluster.describe("t1"))
+    wait_for(
+        lambda: (
+            stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get("activePods", {})
+        ),
+        30,
+        "virt-controller to list the disguised pod",
+        detail=lambda: vm_cluster.describe("t1"),
+    )
     mirrored(lambda: models.Pod.objects.filter(name="disguised", phase="Running").exists() and booked(node) == 4,
              "the disguised pod's 2 GPUs counted as raw", vm_cluster, gpuplane)  # fmt: skip
     assert usage("t1", H100) == 4

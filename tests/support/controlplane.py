@@ -585,7 +585,9 @@ class ControlPlane:
         """The CRDs (deploy/'s and KubeVirt's VMI), deploy/'s namespace and RBAC, and the
         union identity's bindings; then wait until the CRDs serve."""
         docs: list[dict[str, Any]] = []
-        kubevirt = kubevirt_dir() / ("crds.yaml" if self.profile.kubevirt else "virtualmachineinstances.kubevirt.io.yaml")
+        kubevirt = kubevirt_dir() / (
+            "crds.yaml" if self.profile.kubevirt else "virtualmachineinstances.kubevirt.io.yaml"
+        )
         for path in [*sorted(CRDS.glob("*.yaml")), kubevirt]:
             if path.name != "kustomization.yaml":
                 docs += [d for d in yaml.safe_load_all(path.read_text()) if d]

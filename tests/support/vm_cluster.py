@@ -15,7 +15,8 @@ statuses included. Here nothing a controller writes is written by a test:
   lease) with the allocatable it registered with, runs the pods bound to it, finishes deleting
   pods, and marks a node NotReady when the node carries kwok's own chaos label;
 - **kube-controller-manager** adds the node lifecycle and taint-eviction controllers, so a
-  NotReady node is tainted and its pods evicted as in a real cluster.
+  NotReady node is tainted and its pods evicted as in a real cluster, and the cluster-role
+  aggregation controller, so KubeVirt's ``kubevirt.io:edit`` joins the ``edit`` role tenants have.
 
 One cluster per pytest-xdist worker, started by the first test that needs it; between tests
 :meth:`VmCluster.reset` deletes what tests made, keeping KubeVirt's namespace, CRDs, RBAC and
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ TENANT_USER = "tenant"
 #: The label kwok's node chaos stage (``node-not-ready``) reacts to.
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
 #: What every kwok node offers besides GPUs: what a virt-launcher pod asks of its node.
-NODE_BASICS = {"cpu": "64", "memory": "512Gi", "pods": "110", "devices.kubevirt.io/kvm": "1k",
+NODE_BASICS = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110", "devices.kubevirt.io/kvm": "1k",
                "devices.kubevirt.io/tun": "1k", "devices.kubevirt.io/vhost-net": "1k"}  # fmt: skip
 #: Seconds a pod tolerates a NotReady or unreachable node before the taint evicts it (the
 #: DefaultTolerationSeconds admission plugin's default is 300).
@@ -79,6 +80,8 @@ PROFILE = Profile(
         "garbage-collector-controller",
         "node-lifecycle-controller",
         "taint-eviction-controller",
+        # Aggregates KubeVirt's kubevirt.io:edit into the edit role a tenant is bound to.
+        "clusterrole-aggregation-controller",
     ),
     kubevirt=True,
     apiserver_flags=(
@@ -185,7 +188,7 @@ class VmCluster:
 
         context = ssl._create_unverified_context()  # noqa: S323 - loopback, its own throwaway pair
         url = f"https://127.0.0.1:{self.virt_controller_port}/leader"
-        with urllib.request.urlopen(url, timeout=2, context=context) as answer:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=2, context=context) as answer:
             return bool(answer.status == 200)
 
     def _start_kwok(self) -> None:
@@ -233,8 +236,13 @@ class VmCluster:
             "kind": "Node",
             "metadata": {
                 "name": name,
-                "labels": {"kubernetes.io/hostname": hostname or name, "kubernetes.io/os": "linux",
-                           "kubevirt.io/schedulable": "true", "type": "kwok", **(labels or {})},  # fmt: skip
+                "labels": {
+                    "kubernetes.io/hostname": hostname or name,
+                    "kubernetes.io/os": "linux",
+                    "kubevirt.io/schedulable": "true",
+                    "type": "kwok",
+                    **(labels or {}),
+                },  # fmt: skip
                 "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
             },
             "spec": {},
@@ -321,14 +329,16 @@ class VmCluster:
             status = vmi.get("status", {})
             lines.append(f"VMI {vmi['metadata']['name']}: phase={status.get('phase')} "
                          f"node={status.get('nodeName')} activePods={status.get('activePods')} "
-                         f"nodeSelector={vmi['spec'].get('nodeSelector')}")  # fmt: skip
+                         f"nodeSelector={vmi['spec'].get('nodeSelector')} affinity={vmi['spec'].get('affinity')}")  # fmt: skip
         for pod in self.request("GET", PODS.format(ns=namespace))["items"]:
             conditions = {c["type"]: c.get("message") or c["status"] for c in pod["status"].get("conditions", [])}
             lines.append(f"pod {pod['metadata']['name']}: phase={pod['status'].get('phase')} "
-                         f"node={pod['spec'].get('nodeName')} conditions={conditions}")  # fmt: skip
+                         f"node={pod['spec'].get('nodeName')} conditions={conditions} "
+                         f"nodeSelector={pod['spec'].get('nodeSelector')} affinity={pod['spec'].get('affinity')}")  # fmt: skip
         for name, gpu in sorted(self.gpus(namespace).items()):
             status = gpu.get("status") or {}
-            lines.append(f"GPU {name}: {status.get('phase')} on {status.get('node')}: {status.get('reason')}")
+            notes = {k: v for k, v in (gpu["metadata"].get("annotations") or {}).items() if k.startswith("gpuplane.io/")}
+            lines.append(f"GPU {name}: {status.get('phase')} on {status.get('node')}: {status.get('reason')} {notes}")
         return "\n".join(lines)
 
     def install_launcher_policy(self) -> None:
@@ -375,7 +385,9 @@ def _kubeconfig(plane: ControlPlane, user: str, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": plane.url, "certificate-authority": str(plane.pki.ca_file)}}],
+        "clusters": [
+            {"name": "test", "cluster": {"server": plane.url, "certificate-authority": str(plane.pki.ca_file)}}
+        ],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
         "current-context": "test",
@@ -421,11 +433,22 @@ def forged_launcher(namespace: str, name: str, vmi: str, vmi_uid: str, requests:
             "name": name,
             "namespace": namespace,
             "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid},
-            "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi,
-                                 "uid": vmi_uid, "controller": True, "blockOwnerDeletion": True}],  # fmt: skip
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": vmi,
+                    "uid": vmi_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],  # fmt: skip
         },
-        "spec": {"containers": [{"name": "work", "image": "trainer:1",
-                                 "resources": {"limits": limits, "requests": dict(limits)}}]},  # fmt: skip
+        "spec": {
+            "containers": [
+                {"name": "work", "image": "trainer:1", "resources": {"limits": limits, "requests": dict(limits)}}
+            ]
+        },  # fmt: skip
     }
 
 

@@ -48,6 +48,7 @@ BASE_VALUES = (
     "webhook.caBundle=FILL_ME_FROM_manage.py_webhook_cert",
     # `helm template` cannot ask a cluster whether it serves the policy API; the base assumes 1.36+.
     "finalizerPolicy.enabled=true",
+    "pinPolicy.enabled=true",
 )
 #: Templates rendered into the base, in the kustomization's order (settings.yaml becomes settings.env).
 BASE_TEMPLATES = (
@@ -61,6 +62,7 @@ BASE_TEMPLATES = (
     "sync",
     "webhook",
     "finalizer-policy",
+    "pin-policy",
     "launcher-policy",
 )
 HELM_ONLY_LABELS = re.compile(
@@ -126,7 +128,8 @@ def kustomization(chart_values: dict[str, object], app_version: str) -> str:
         + f"""# gpuplane in a cluster: the CRDs, the namespace, RBAC, NetworkPolicies, the web (API, admin),
 # webhook, binder (Celery worker), beat and sync Deployments, the API and webhook Services, the
 # webhook configuration, the finalizer's admission policy (Kubernetes 1.36+; on an older cluster
-# delete it in your overlay: the sync adds the finalizer then), the launcher policy (only KubeVirt's
+# delete it in your overlay: the sync adds the finalizer then), the pin policy (keeps the webhook's
+# pin on a VMI KubeVirt live-updates; 1.36+ too), the launcher policy (only KubeVirt's
 # controller may make a pod owned by a VMI; Kubernetes 1.30+), and the settings ConfigMap.
 # Apply an overlay, not this base: deploy/overlays/cluster (everything) or
 # deploy/overlays/standalone (the database is the source of truth). docs/operations.md ("Install

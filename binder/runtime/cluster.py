@@ -156,7 +156,9 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     def against_row(device: e.Device) -> str | None:
         """The version to write against, or None when the row is not the one decided from."""
         object_id = state.device_ids.get(device.key)
-        row = current.get(object_id) if object_id is not None else None
+        if object_id is None:
+            return None
+        row = current.get(object_id)
         if row is None or row[1] != decided.get(object_id):
             # Being written by the sync right now, or changed since the catch-up (the webhook
             # admitted a VMI, a label changed): the next pass decides from the newer row.

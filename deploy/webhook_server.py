@@ -209,6 +209,10 @@ def metrics_app(served: ServedCertificate | None) -> Callable[..., Iterable[byte
 
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Made here too (prometheus_client only, no Django): every outcome's series exists at 0
+        # from the start, before a worker has answered anything.
+        import webhooks.metrics  # noqa: F401
+
         MultiProcessCollector(registry)
     registry.register(CertificateCollector(served))  # type: ignore[arg-type]
     inner = make_wsgi_app(registry)

@@ -272,3 +272,8 @@ helm.sh/hook: pre-upgrade
 helm.sh/hook-weight: {{ . | quote }}
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
+
+{{/* The Secret of the serving certificate: `secrets.webhookTLS.existingSecret`, else <prefix>-webhook-tls. */}}
+{{- define "gpuplane.tlsSecret" -}}
+{{- .Values.secrets.webhookTLS.existingSecret | default (printf "%s-webhook-tls" (include "gpuplane.fullname" .)) -}}
+{{- end -}}

@@ -379,6 +379,9 @@ def test_the_self_signed_job_runs_in_the_image_before_and_after_and_every_day() 
 def test_manual_certificates_need_the_ca_bundle() -> None:
     message = refused("webhook.certificates=manual")
     assert "webhook.caBundle" in message
+    # A caBundle of an earlier install (the default was manual then) is not silently dropped.
+    message = refused("webhook.caBundle=Q0E=")
+    assert "webhook.caBundle is set but webhook.certificates is self-signed-job" in message
     docs = render("webhook.certificates=manual", "webhook.caBundle=Q0E=")
     assert (
         of_kind(docs, "MutatingWebhookConfiguration")["gpuplane-vmi"]["webhooks"][0]["clientConfig"]["caBundle"]

@@ -74,7 +74,6 @@ BASE_TEMPLATES = (
     "sync",
     "webhook",
     "finalizer-policy",
-    "quota",
 )
 HELM_ONLY_LABELS = re.compile(
     r"^\s*(helm\.sh/chart|app\.kubernetes\.io/(managed-by|instance|version)|checksum/settings):.*\n", re.M
@@ -144,8 +143,9 @@ def kustomization(chart_values: dict[str, object], app_version: str) -> str:
         + f"""# gpuplane in a cluster: the CRDs, the namespace, RBAC, NetworkPolicies, the web (API, admin),
 # webhook, binder (Celery worker), beat and sync Deployments, the API and webhook Services, the
 # webhook configuration, the finalizer's admission policy (Kubernetes 1.36+; on an older cluster
-# delete it in your overlay: the sync adds the finalizer then), the ResourceQuota that admits
-# the webhook's and the binder's critical priority class, and the settings ConfigMap.
+# delete it in your overlay: the sync adds the finalizer then), and the settings ConfigMap.
+# The webhook and the binder run system-cluster-critical: where the apiserver limits that class
+# to kube-system (GKE), add the chart's ResourceQuota (templates/quota.yaml) in your overlay.
 # Apply an overlay, not this base: deploy/overlays/cluster (everything) or
 # deploy/overlays/standalone (the database is the source of truth). docs/operations.md ("Install
 # with Kustomize") lists what you create first: the Secrets gpuplane-secrets and

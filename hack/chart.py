@@ -25,9 +25,10 @@ default), its description (its ``# --`` comment), and a map whose keys are the c
 key fails ``helm lint``/``install`` naming it. A documented key whose default is a map
 (``resources``, ``nodeSelector``...) is the user's to fill and stays open. A ``# @schema {...}``
 line in a key's comment (JSON) adds to or replaces what is inferred: an ``enum``, the type of
-a list's items. No generator on a registry reads helm-docs' ``# --`` comments and closes the
-maps (bitnami's readme-generator reads ``## @param`` lines and leaves them open), so this one
-stays here, and a test fails when the file and values.yaml differ.
+a list's items. The generator on a registry that makes a schema from comments (bitnami's
+readme-generator-for-helm, npm) wants a ``## @param`` line per value and its own table format,
+where this file and the values table use helm-docs' ``# --`` comments; so this one stays here,
+small, and a test fails when the file and values.yaml differ.
 """
 
 from __future__ import annotations

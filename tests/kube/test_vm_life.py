@@ -10,6 +10,7 @@ a status, a node name or ``activePods``.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -55,6 +56,10 @@ def two_nodes(cluster: VmCluster) -> None:
     cluster.request("POST", "/apis/gpuplane.io/v1alpha1/gpuclasses", class_obj("h100", H100))
     cluster.tenant_namespace("t1")
     cluster.wait_nodes_ready("n1", "n2")
+
+
+def json_of(value: Any) -> str:
+    return json.dumps(value)
 
 
 def state() -> dict[str, Any]:
@@ -276,3 +281,81 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: 
     mirrored(lambda: models.Pod.objects.filter(name="disguised", phase="Running").exists() and booked(node) == 4,
              "the disguised pod's 2 GPUs counted as raw", vm_cluster, gpuplane)  # fmt: skip
     assert usage("t1", H100) == 4
+
+
+def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_again(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """kube-scheduler knows nothing of the units gpuplane keeps for a stopped VM: with the launcher
+    gone it sees them free and places a raw pod there (the race KubeVirt's proposal for keeping
+    devices across a stop names: another workload grabs the device during the restart). gpuplane
+    sees the node over-booked and moves the stopped VM's set to a node with room, so the restart
+    is pinned there and its launcher runs; the raw pod keeps the units it was given."""
+    two_nodes(vm_cluster)
+    vm_cluster.tenant_namespace("t2")
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+    other = "n2" if node == "n1" else "n1"
+    vm_cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+
+    hostname = first["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    trainer = raw_pod("t2", "trainer", {H100: 8}, {"kubernetes.io/hostname": hostname})
+    vm_cluster.request("POST", pod_path("t2"), trainer, identity=TENANT_USER)
+    wait_for(lambda: vm_cluster.request("GET", pod_path("t2", "trainer"))["status"].get("phase") == "Running", 60,
+             "kube-scheduler and kwok to run the raw pod on the stopped VM's units")  # fmt: skip
+    assert vm_cluster.request("GET", pod_path("t2", "trainer"))["spec"]["nodeName"] == node
+    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Bound", other)},
+             "the stopped VM's set moved off the over-booked node", vm_cluster, gpuplane)  # fmt: skip
+    reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
+    assert f"node {node} is over-booked" in reason, reason
+
+    vm_cluster.set_running("t1", "vm1", True)
+    second = vm_cluster.running_launcher("t1", "vm1")
+    assert second["spec"]["nodeName"] == other
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None and vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] != hostname
+    assert booked(other) == 2 and booked(node) == 8
+
+
+def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_returns(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """As above, but the other node is full too: the stopped VM's set goes Lost, its reason and the
+    Lost page saying why; the restart's VMI is refused by the webhook with the binder's reason (no
+    VMI is created pinned anywhere), KubeVirt's VM controller retries, and once a raw pod ends the
+    Lost set is bound again and the VM starts there."""
+    two_nodes(vm_cluster)
+    vm_cluster.tenant_namespace("t2")
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+    other = "n2" if node == "n1" else "n1"
+    vm_cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+    for name, where in (("filler", other), ("trainer", node)):
+        hostname = "hgx-01" if where == "n1" else where
+        vm_cluster.request("POST", pod_path("t2"), raw_pod("t2", name, {H100: 8}, {"kubernetes.io/hostname": hostname}),
+                           identity=TENANT_USER)  # fmt: skip
+        wait_for(lambda n=name: vm_cluster.request("GET", pod_path("t2", n))["status"].get("phase") == "Running", 60,
+                 f"the raw pod {name} running")  # fmt: skip
+    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Lost", "")}, "the set Lost", vm_cluster, gpuplane)
+    reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
+    assert "no other node has room for the set" in reason, reason
+
+    vm_cluster.set_running("t1", "vm1", True)
+    vm_path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines/vm1"
+    wait_for(lambda: "vmi.gpuplane.io" in json_of(vm_cluster.request("GET", vm_path).get("status", {})), 60,
+             "the VM's status to carry the webhook's refusal",
+             detail=lambda: json_of(vm_cluster.request("GET", vm_path).get("status", {})))  # fmt: skip
+    refusal = json_of(vm_cluster.request("GET", vm_path)["status"])
+    assert "denied the request" in refusal and "no other node has room for the set" in refusal, refusal
+    assert vm_cluster.vmi("t1", "vm1") is None
+
+    vm_cluster.request("DELETE", pod_path("t2", "filler") + "?gracePeriodSeconds=0")
+    second = vm_cluster.running_launcher("t1", "vm1", timeout=120)
+    assert second["spec"]["nodeName"] == other
+    assert placement(vm_cluster, "t1", devices) == {("Bound", other)}

@@ -18,10 +18,12 @@ import pytest
 
 from binder import models
 from binder.reports.state import cluster_state
+from binder.runtime.passes import run_pass
 from binder.usage_record import UsageRecord
 from tests.support.controlplane import ApiError
 from tests.support.shapes import H100, class_obj
 from tests.support.vm_cluster import (
+    NOT_READY_LABEL,
     TENANT_USER,
     Gpuplane,
     VmCluster,
@@ -359,3 +361,46 @@ def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_
     second = vm_cluster.running_launcher("t1", "vm1", timeout=120)
     assert second["spec"]["nodeName"] == other
     assert placement(vm_cluster, "t1", devices) == {("Bound", other)}
+
+
+def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
+    vm_cluster: VmCluster, gpuplane: Gpuplane, settings: Any
+) -> None:
+    """kwok marks the node NotReady; kube-controller-manager's node lifecycle controller taints it
+    and evicts the launcher; virt-controller fails the VMI and the VM controller starts a new one,
+    which the webhook refuses while the set is on the NotReady node; after
+    GPUPLANE_NODE_GRACE_SECONDS (5 s here) a full pass moves the set, and KubeVirt's next try is
+    pinned to the new node, where the launcher runs."""
+    settings.GPUPLANE_NODE_GRACE_SECONDS = 5  # the passes this test runs itself (embedded topology)
+    two_nodes(vm_cluster)
+    vm_cluster.add_node("n3", {H100: 8})
+    vm_cluster.wait_nodes_ready("n3")  # three nodes: one NotReady of three is no zone-wide outage
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    lost_node = first["spec"]["nodeName"]
+
+    vm_cluster.request("PATCH", f"/api/v1/nodes/{lost_node}", {"metadata": {"labels": {NOT_READY_LABEL: "true"}}})
+
+    def tainted() -> bool:
+        taints = vm_cluster.request("GET", f"/api/v1/nodes/{lost_node}")["spec"].get("taints") or []
+        return any(t["key"] == "node.kubernetes.io/not-ready" and t["effect"] == "NoExecute" for t in taints)
+
+    wait_for(tainted, 60, "the node lifecycle controller to taint the NotReady node")
+    wait_for(lambda: all(p["metadata"]["uid"] != first["metadata"]["uid"] for p in vm_cluster.launchers("t1", "vm1")),
+             60, "the taint to evict the launcher", detail=lambda: vm_cluster.describe("t1"))  # fmt: skip
+
+    def moved() -> bool:
+        if gpuplane.embedded:
+            run_pass("full")  # what the beat's periodic resync does in a deployment
+        return {node for phase, node in placement(vm_cluster, "t1", devices) if phase == "Bound"} - {lost_node} != set()
+
+    mirrored(moved, "a full pass to move the set off the NotReady node", vm_cluster, gpuplane, timeout=90)
+    ((_, new_node),) = placement(vm_cluster, "t1", devices)
+    reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
+    assert f"node {lost_node} has been NotReady since" in reason, reason
+
+    second = vm_cluster.running_launcher("t1", "vm1", timeout=180)
+    assert second["spec"]["nodeName"] == new_node
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None and vmi["metadata"]["annotations"]["gpuplane.io/pinned"] == new_node

@@ -102,6 +102,15 @@ class PassState:
         vmi = self._vmi_index.get(key)
         return vmi if vmi is not None and vmi.phase not in FINISHED_VMI_PHASES else None
 
+    def admitted_recently(self, key: SetKey) -> bool:
+        """The webhook pinned a VMI to the set within ``move_grace_seconds`` (its first member
+        carries when): that VMI may not be mirrored yet, but it is pinned where the set is."""
+        members = self.members(key)
+        first = min(members, key=_by_name) if members else None
+        if first is None or first.admitted is None:
+            return False
+        return (self.now - first.admitted).total_seconds() < self.settings.move_grace_seconds
+
     def members(self, key: SetKey) -> tuple[Device, ...]:
         return self.ledger.devices(key)
 

@@ -258,7 +258,8 @@ class _Pass(PlacingPass):
                 if not holds:
                     continue  # already moved
                 vmi = self.live_vmi(key)
-                if frees_units and vmi is not None and vmi.node in ("", node):
+                starting = (vmi is not None and vmi.node in ("", node)) or self.admitted_recently(key)
+                if frees_units and starting:
                     # Its VMI is pinned here: moving the set would leave the VMI pinned to a node
                     # its devices left, its launcher never to start anywhere. It stays, saying why
                     # (unless the node cannot hold its devices at all: the second round).

@@ -360,6 +360,9 @@ class Settings:
     enabled: bool = True
     node_grace_seconds: int = 300
     default_budget: DefaultBudget = DefaultBudget.UNLIMITED
+    move_grace_seconds: int = 120
+    """A set admitted (``Device.admitted``) this recently is starting a VM: its VMI may not be
+    mirrored yet, and a move would leave that VMI pinned to a node the set has left."""
 
 
 @dataclass(frozen=True, slots=True)

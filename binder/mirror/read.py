@@ -48,6 +48,7 @@ def engine_settings() -> e.Settings:
         enabled=settings.GPUPLANE_ENABLED,
         node_grace_seconds=settings.GPUPLANE_NODE_GRACE_SECONDS,
         default_budget=e.DefaultBudget(settings.GPUPLANE_DEFAULT_BUDGET),
+        move_grace_seconds=settings.GPUPLANE_MOVE_GRACE_SECONDS,
     )
 
 

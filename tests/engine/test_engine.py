@@ -503,6 +503,26 @@ def test_over_booked_node_keeps_a_set_whose_vmi_is_pinned_there_and_says_why() -
     assert placement(moved, c2, "stopped") == {(e.Phase.BOUND, "n1")}
 
 
+def test_over_booked_node_keeps_a_set_admitted_moments_ago_whose_vmi_is_not_mirrored_yet() -> None:
+    """The webhook pinned a VMI to the set (its first member's ``admitted``) within
+    move_grace_seconds: the VMI is being created, pinned here, though no pass has seen it yet."""
+    starting = [
+        dataclasses.replace(d, admitted=NOW - timedelta(seconds=5)) if d.name.endswith("gpu0") else d
+        for d in held("t1", "starting", 2, "n1", since="2026-11-20T00:00:00Z")
+    ]
+    c = cluster(
+        *starting,
+        nodes=(node("n1", {H100: 8}), node("n2", {H100: 8})),
+        pods=(engine(plain_pod_obj("t2", "trainer", H100, 8, "n1")),),
+    )
+    result = full_pass(c)
+    assert placement(result, c, "starting") == {(e.Phase.BOUND, "n1")}
+    assert state(result, c)["starting-gpu0"].reason_code == "Crowded"
+    # Past the grace it is a stopped VM's set like any other: it moves.
+    later = dataclasses.replace(c, now=NOW + timedelta(seconds=c.settings.move_grace_seconds))
+    assert placement(full_pass(later), later, "starting") == {(e.Phase.BOUND, "n2")}
+
+
 # -- the pass's fast paths give what the general ones give ----------------------------------------
 
 

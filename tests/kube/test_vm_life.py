@@ -11,7 +11,9 @@ a status, a node name or ``activePods``.
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -404,3 +406,54 @@ def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
     assert second["spec"]["nodeName"] == new_node
     vmi = vm_cluster.vmi("t1", "vm1")
     assert vmi is not None and vmi["metadata"]["annotations"]["gpuplane.io/pinned"] == new_node
+
+
+RACE_RUNS = 8
+
+
+def test_a_vm_starting_while_a_pass_moves_its_set_is_never_left_pinned_where_the_set_is_not(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """The pin and the move racing, on the real chain, many times: a stopped VM is started at the
+    moment a raw pod lands on the units its set holds, so a full pass moves the set (the node is
+    over-booked and the set has no VMI yet) while the webhook pins the new VMI to it. Whichever
+    writes the set's first member second fails (SPEC §4 "Admission and moves exclude each other"),
+    and a set whose VMI exists is no longer moved off an over-booked node. So every run ends with
+    the VMI pinned to the node its set is Bound on: its launcher runs there, or waits there for
+    the raw pod's units; never a VMI pinned to a node its set has left."""
+    two_nodes(vm_cluster)
+    vm_cluster.tenant_namespace("t2")
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices, running=False)
+    mirrored(lambda: {p for p, _ in placement(vm_cluster, "t1", devices)} == {"Bound"}, "the set bound",
+             vm_cluster, gpuplane)  # fmt: skip
+    outcomes: Counter[str] = Counter()
+    for run in range(RACE_RUNS):
+        ((_, node),) = placement(vm_cluster, "t1", devices)
+        hostname = "hgx-01" if node == "n1" else node
+        raw = raw_pod("t2", f"grab-{run}", {H100: 8}, {"kubernetes.io/hostname": hostname})
+        starter = threading.Thread(target=vm_cluster.set_running, args=("t1", "vm1", True))
+        starter.start()
+        vm_cluster.request("POST", pod_path("t2"), raw, identity=TENANT_USER)
+        starter.join()
+
+        def settled() -> bool:
+            vmi = vm_cluster.vmi("t1", "vm1")
+            spots = placement(vm_cluster, "t1", devices)
+            return vmi is not None and len(spots) == 1 and bool(vmi["metadata"].get("annotations", {}).get(
+                "gpuplane.io/pinned"))  # fmt: skip
+
+        wait_for(settled, 60, f"run {run}: the VMI admitted", detail=lambda: vm_cluster.describe("t1"))
+        time.sleep(2)  # passes after the admission: none may move the set away from its VMI
+        vmi = vm_cluster.vmi("t1", "vm1")
+        assert vmi is not None
+        pinned = vmi["metadata"]["annotations"]["gpuplane.io/pinned"]
+        assert placement(vm_cluster, "t1", devices) == {("Bound", pinned)}, (run, vm_cluster.describe("t1"))
+        outcomes["moved first" if pinned != node else "admitted first"] += 1
+        # Back to a stopped VM, the raw pod gone.
+        vm_cluster.set_running("t1", "vm1", False)
+        vm_cluster.request("DELETE", pod_path("t2", raw["metadata"]["name"]) + "?gracePeriodSeconds=0")
+        wait_for(lambda: vm_cluster.vmi("t1", "vm1") is None and not vm_cluster.launchers("t1", "vm1"), 60,
+                 f"run {run}: the VM stopped")  # fmt: skip
+    print(f"pin/move race, {RACE_RUNS} runs: {dict(outcomes)}")
+    assert sum(outcomes.values()) == RACE_RUNS

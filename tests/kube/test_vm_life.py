@@ -23,7 +23,7 @@ from binder.reports.state import cluster_state
 from binder.runtime.passes import run_pass
 from binder.usage_record import UsageRecord
 from tests.support.controlplane import ApiError
-from tests.support.shapes import H100, class_obj
+from tests.support.shapes import H100, budget_obj, class_obj
 from tests.support.vm_cluster import (
     NOT_READY_LABEL,
     TENANT_USER,
@@ -44,11 +44,11 @@ def gpu(namespace: str, name: str, vm: str, class_name: str = "h100") -> dict[st
             "spec": {"className": class_name, "vmName": vm}}  # fmt: skip
 
 
-def order(cluster: VmCluster, namespace: str, vm: str, count: int) -> list[str]:
-    """``count`` GPUs of class h100 for ``vm``, ordered as the tenant orders them."""
+def order(cluster: VmCluster, namespace: str, vm: str, count: int, class_name: str = "h100") -> list[str]:
+    """``count`` GPUs of ``class_name`` for ``vm``, ordered as the tenant orders them."""
     names = [f"{vm}-gpu{i}" for i in range(count)]
     for name in names:
-        cluster.request("POST", GPUS.format(ns=namespace), gpu(namespace, name, vm))
+        cluster.request("POST", GPUS.format(ns=namespace), gpu(namespace, name, vm, class_name))
     return names
 
 
@@ -457,3 +457,51 @@ def test_a_vm_starting_while_a_pass_moves_its_set_is_never_left_pinned_where_the
                  f"run {run}: the VM stopped")  # fmt: skip
     print(f"pin/move race, {RACE_RUNS} runs: {dict(outcomes)}")
     assert sum(outcomes.values()) == RACE_RUNS
+
+
+def test_a_borrowed_set_marked_for_reclaim_is_released_only_once_its_vm_has_stopped(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """Lending with real stops: t1's VM borrows idle GPUs beyond its limit and runs; t2 orders
+    within its budget and waits; the borrowed set is marked for t2's order but stays Bound while
+    its VM runs. The tenant stops the VM: virt-controller deletes the VMI and its launcher, and
+    only then does a pass release the borrowed set and place t2's order on the freed units."""
+    # One device of 4 units per VM: a set of one GPU object, placed whole by whichever pass sees it
+    # (a set whose members are created one by one may be placed in part, then grow: see below).
+    vm_cluster.add_node("n1", {H100: 4}, hostname="hgx-01")
+    vm_cluster.request("POST", "/apis/gpuplane.io/v1alpha1/gpuclasses", class_obj("h100x4", H100, units=4))
+    for tenant, limits, borrowing in (("t1", {"h100x4": 2}, {"h100x4": 2}), ("t2", {"h100x4": 4}, None)):
+        vm_cluster.tenant_namespace(tenant)
+        budget = budget_obj(tenant, limits, borrowing=borrowing)
+        budget["metadata"].pop("uid")
+        vm_cluster.request("POST", f"/apis/gpuplane.io/v1alpha1/namespaces/{tenant}/gpubudgets", budget)
+    vm_cluster.wait_nodes_ready("n1")
+    mirrored(lambda: models.GpuBudget.objects.count() == 2, "the budgets mirrored", vm_cluster, gpuplane)
+    borrower = order(vm_cluster, "t1", "vm1", 1, "h100x4")
+    vm_cluster.vm("t1", "vm1", borrower)
+    launcher = vm_cluster.running_launcher("t1", "vm1")
+    assert launcher["spec"]["nodeName"] == "n1"
+    assert {(g["status"]["phase"], g["status"].get("borrowed")) for g in vm_cluster.gpus("t1").values()} == {
+        ("Bound", True)
+    }
+
+    waiter = order(vm_cluster, "t2", "vm2", 1, "h100x4")
+
+    def marked() -> bool:
+        return all((g.get("status") or {}).get("reclaimFor") == "t2/vm2" for g in vm_cluster.gpus("t1").values())
+
+    mirrored(marked, "the borrowed set marked for t2/vm2", vm_cluster, gpuplane)
+    time.sleep(2)  # more passes: the VM runs, so the mark never becomes a release
+    assert placement(vm_cluster, "t1", borrower) == {("Bound", "n1")}
+    assert placement(vm_cluster, "t2", waiter) == {("Pending", "")}
+
+    vm_cluster.set_running("t1", "vm1", False)
+    mirrored(lambda: placement(vm_cluster, "t2", waiter) == {("Bound", "n1")}, "t2's order placed", vm_cluster,
+             gpuplane, timeout=60)  # fmt: skip
+    # Released only once the launcher had gone: its pod's deletion is older than the release.
+    assert vm_cluster.vmi("t1", "vm1") is None and not vm_cluster.launchers("t1", "vm1")
+    assert vm_cluster.gpus("t1")[borrower[0]]["status"]["phase"] == "Pending"
+    # The decision log says why (the device's own reason has moved on: it waits as an order again).
+    (release,) = models.Decision.objects.filter(namespace="t1", vm_name="vm1", to_phase="Pending")
+    assert "t2/vm2" in release.reason, release.reason
+    assert not models.Pod.objects.filter(uid=launcher["metadata"]["uid"]).exists()

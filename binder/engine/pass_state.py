@@ -42,6 +42,10 @@ from binder.engine.types import (
     Vmi,
 )
 
+#: How long after the webhook admits a VMI that VMI surely is in the mirror (the apiserver stores
+#: it as the webhook answers; the sync mirrors it within a second or so): until then the set's
+#: ``admitted`` stands for it.
+VMI_MIRRORED_SECONDS = 10
 #: A VMI in one of these phases has ended: it is pinned to nothing any more.
 FINISHED_VMI_PHASES = frozenset({"Succeeded", "Failed"})
 REASON_BOUND = "bound: fullest node with room"
@@ -103,13 +107,15 @@ class PassState:
         return vmi if vmi is not None and vmi.phase not in FINISHED_VMI_PHASES else None
 
     def admitted_recently(self, key: SetKey) -> bool:
-        """The webhook pinned a VMI to the set within ``move_grace_seconds`` (its first member
-        carries when): that VMI may not be mirrored yet, but it is pinned where the set is."""
+        """The webhook pinned a VMI to the set within :data:`VMI_MIRRORED_SECONDS` (its first member
+        carries when): that VMI may not be mirrored yet, but it is pinned where the set is. Past
+        that, a set without a VMI is a stopped VM's, whatever its last admission."""
         members = self.members(key)
         first = min(members, key=_by_name) if members else None
         if first is None or first.admitted is None:
             return False
-        return (self.now - first.admitted).total_seconds() < self.settings.move_grace_seconds
+        window = min(VMI_MIRRORED_SECONDS, self.settings.move_grace_seconds)
+        return (self.now - first.admitted).total_seconds() < window
 
     def members(self, key: SetKey) -> tuple[Device, ...]:
         return self.ledger.devices(key)

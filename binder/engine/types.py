@@ -361,8 +361,9 @@ class Settings:
     node_grace_seconds: int = 300
     default_budget: DefaultBudget = DefaultBudget.UNLIMITED
     move_grace_seconds: int = 120
-    """A set admitted (``Device.admitted``) this recently is starting a VM: its VMI may not be
-    mirrored yet, and a move would leave that VMI pinned to a node the set has left."""
+    """A set admitted (``Device.admitted``) this recently is not moved to make room; an
+    over-booked node keeps it for at most ``pass_state.VMI_MIRRORED_SECONDS`` of that (its VMI
+    may not be mirrored yet, and a move would leave it pinned where the set is not)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -518,8 +518,8 @@ def test_over_booked_node_keeps_a_set_admitted_moments_ago_whose_vmi_is_not_mirr
     result = full_pass(c)
     assert placement(result, c, "starting") == {(e.Phase.BOUND, "n1")}
     assert state(result, c)["starting-gpu0"].reason_code == "Crowded"
-    # Past the grace it is a stopped VM's set like any other: it moves.
-    later = dataclasses.replace(c, now=NOW + timedelta(seconds=c.settings.move_grace_seconds))
+    # Once its VMI would have been mirrored, no VMI means a stopped VM's set: it moves.
+    later = dataclasses.replace(c, now=NOW + timedelta(seconds=10))
     assert placement(full_pass(later), later, "starting") == {(e.Phase.BOUND, "n2")}
 
 

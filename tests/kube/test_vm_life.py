@@ -20,7 +20,6 @@ import pytest
 
 from binder import models
 from binder.reports.state import cluster_state
-from binder.runtime.passes import run_pass
 from binder.usage_record import UsageRecord
 from tests.support.controlplane import ApiError
 from tests.support.shapes import H100, budget_obj, class_obj
@@ -93,7 +92,16 @@ def placement(cluster: VmCluster, namespace: str, names: list[str]) -> set[tuple
 
 
 def mirrored(condition: Any, what: str, cluster: VmCluster, gpuplane: Gpuplane, timeout: float = 30) -> None:
-    wait_for(condition, timeout, what, detail=lambda: cluster.describe("t1") + "\n--- sync log ---\n"
+    """Until ``condition()`` holds, with the periodic resync a deployment runs (``Gpuplane.resync``)."""
+    last = [0.0]
+
+    def resynced() -> bool:
+        if time.monotonic() - last[0] > 1:
+            last[0] = time.monotonic()
+            gpuplane.resync()
+        return bool(condition())
+
+    wait_for(resynced, timeout, what, detail=lambda: cluster.describe("t1") + "\n--- sync log ---\n"
              + gpuplane.log("sync")[-3000:])  # fmt: skip
 
 
@@ -393,8 +401,6 @@ def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
              60, "the taint to evict the launcher", detail=lambda: vm_cluster.describe("t1"))  # fmt: skip
 
     def moved() -> bool:
-        if gpuplane.embedded:
-            run_pass("full")  # what the beat's periodic resync does in a deployment
         return {node for phase, node in placement(vm_cluster, "t1", devices) if phase == "Bound"} - {lost_node} != set()
 
     mirrored(moved, "a full pass to move the set off the NotReady node", vm_cluster, gpuplane, timeout=90)

@@ -596,6 +596,14 @@ class Gpuplane:
 
         self.stack.callback(stop)
 
+    def resync(self) -> None:
+        """The periodic full pass a deployment's ``celery beat`` sends: on PostgreSQL beat runs
+        (every second here); the embedded topology has no beat, so the test process runs it."""
+        if self.embedded:
+            from binder.runtime.passes import run_pass
+
+            run_pass("full")
+
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

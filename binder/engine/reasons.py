@@ -54,6 +54,8 @@ class Code(StrEnum):
     RELEASED = "Released"
     #: Not placed: borrowed sets were marked to be taken back for it (the sentence names them).
     WAITS_FOR_RECLAIM = "WaitsForReclaim"
+    #: A stopped VM's set moved to another node to make room for a waiting set (named).
+    MADE_ROOM = "MadeRoom"
 
 
 #: The word every Pending reason starts with: how a sentence that names the phase itself

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from binder.engine.fit import describe_units
 from binder.engine.ledger_records import SetKey
@@ -144,8 +144,12 @@ class MakingRoom:
         if any(d.class_name not in run.classes for d in members):
             return "a member's class does not exist"
         admitted = max((d.admitted for d in members if d.admitted is not None), default=None)
-        if admitted is not None and (run.now - admitted).total_seconds() < run.settings.move_grace_seconds:
-            return f"it was admitted less than {run.settings.move_grace_seconds}s ago"
+        grace = run.settings.move_grace_seconds
+        if admitted is not None and (run.now - admitted).total_seconds() < grace:
+            # Only the clock changes that: a pass after it may decide otherwise.
+            wake = admitted + timedelta(seconds=grace)
+            run.wake_at = wake if run.wake_at is None else min(run.wake_at, wake)
+            return f"it was admitted less than {grace}s ago"
         if run.placed_in_pass(key):
             return "it was placed or moved in this pass"
         return None

@@ -82,6 +82,8 @@ class PassState:
         self.answered: list[tuple[str, str]] = []
         #: Making room: waiting set -> the sets moved for it, in the order taken.
         self.room_plans: dict[SetKey, tuple[SetKey, ...]] = {}
+        #: Making room: when the first set kept in place by its admission grace may move.
+        self.wake_at: datetime | None = None
         #: Set when a growing set moved whole this sweep, freeing its old node's units.
         self.room_freed = False
         #: Lending rules apply: some budget names a borrowing, or some set holds borrowed GPUs
@@ -430,6 +432,7 @@ class PassState:
             answered=tuple(self.answered),
             budget_borrowed=budget_borrowed,
             room_plans=dict(self.room_plans),
+            wake_at=self.wake_at,
         )
 
     def class_status(self) -> dict[str, ClassStatus]:

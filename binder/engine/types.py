@@ -484,6 +484,10 @@ class PassResult:
     """Making room: each waiting set (namespace, VM) room was made for, with the sets moved for
     it in the order taken. A move that does not land leaves the sets after it where they are,
     and the waiting set unplaced (``binder.runtime.admissions``)."""
+    wake_at: datetime | None = None
+    """The earliest moment a set this pass left in place only because the webhook admitted a VMI
+    to it within ``GPUPLANE_MOVE_GRACE_SECONDS`` may move to make room: a later pass may decide
+    otherwise with nothing changed (the "nothing changed" rule reads it)."""
 
 
 quick_records(Taint, Toleration, GpuClass, Node, Device, Budget, Vmi, Pod, Change, VirtualMachine)

@@ -9,6 +9,7 @@ from typing import Any
 
 from binder.engine import Cluster, full_pass
 from binder.engine import types as e
+from binder.engine.explain import explain_sets
 from binder.engine.lending import Lending
 from binder.engine.making_room import MADE_ROOM, ROOM_REFUSED, MakingRoom, template_refusal
 from binder.engine.pass_placing import PlacingPass
@@ -348,3 +349,13 @@ def test_making_room_runs_over_a_bare_working_state() -> None:
     assert plan is not None and plan.node == "n1" and [m.key for m in plan.moves] == [("t1", "b"), ("t1", "a")]
     room.make_room()
     assert {d.node for d in run.members(("t2", "big"))} == {"n1"} and room.moved == [("t1", "b"), ("t1", "a")]
+
+
+def test_the_explanation_of_a_waiting_set_names_the_moves_that_would_make_its_room() -> None:
+    why = explain_sets(fragmented())[("t2", "big")]
+    assert why.room == "t1/b (to n2), t1/a (to n2) off n1" and not why.room_over_limit
+    assert "would fit by making room: moving t1/b (to n2), t1/a (to n2) off n1" in why.text()
+    limited = explain_sets(fragmented(settings=e.Settings(moves_per_pass=1)))[("t2", "big")]
+    assert limited.room_over_limit and "more sets than GPUPLANE_MOVES_PER_PASS" in limited.room_note
+    # Nothing to say when no stopped VM's set could make room (here: no VirtualMachines).
+    assert explain_sets(fragmented(virtual_machines=()))[("t2", "big")].room_note == ""

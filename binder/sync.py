@@ -53,6 +53,7 @@ from typing import Any
 from django.db import close_old_connections, connection
 from django.db.models import F
 from django.utils import timezone
+from kubernetes.client import ApiException
 
 from binder import apiserver, models
 from binder.errors import describe, is_transient
@@ -214,6 +215,24 @@ class WatchStream:
         self._closed.set()
 
 
+#: What to do when the cluster does not serve a kind's API, by API group.
+INSTALL_HINTS = {
+    "kubevirt.io": "install KubeVirt",
+    "gpuplane.io": "install gpuplane's CRDs (charts/gpuplane/crds, or deploy/base/crds)",
+}
+
+
+class MissingApi(RuntimeError):
+    """The cluster does not serve a kind gpuplane mirrors (HTTP 404 on its list): the message
+    names the API and what to install."""
+
+    def __init__(self, kind: str) -> None:
+        resource = kube_client.RESOURCES[kind]
+        hint = INSTALL_HINTS.get(resource.group, "is this cluster's API complete?")
+        super().__init__(f"{resource.api_version} {resource.plural} is not served (HTTP 404): {hint}")
+        self.kind = kind
+
+
 class KindSync:
     """List, then watch one kind until ``stop`` is set (one thread per kind)."""
 
@@ -241,8 +260,14 @@ class KindSync:
         self._held = threading.Condition()
 
     def relist(self, progress: Callable[[int], None] | None = None) -> Applied:
-        listing = apiserver.api().list(self.kind)
+        try:
+            listing = apiserver.api().list(self.kind)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise MissingApi(self.kind) from None
+            raise
         if not listing.served and not self.absent:
+            # An optional kind (binder.kube.kinds.Kind.optional) the cluster does not serve.
             log.warning("sync: the API server does not serve %s (no CRD?): none mirrored; listing again later",
                         self.kind)  # fmt: skip
         self.absent = not listing.served

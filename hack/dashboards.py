@@ -6,10 +6,16 @@ Every query uses only series /metrics exports (tests/project/test_chart.py scrap
 a name it does not find). Every web process answers the same database-derived numbers, so each
 query takes ``max`` over the scraped instances before it sums over anything else; only the
 ``gpuplane_readmodel_*`` series describe the process that answered (label ``process``).
+
+Every series a query selects is scoped to the dashboard's ``namespace`` and ``job`` variables
+(one release: its namespace and its API Service's job), and the webhook server's own series
+(``gpuplane_webhook_*``) to ``webhook_job``, so one Grafana shows several releases apart
+(:func:`scoped` adds the matchers; the queries below are written without them).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -20,6 +26,39 @@ KINDS = {
     "bars": ("bargauge", 12, 8),
     "table": ("table", 12, 8),
 }
+
+
+#: The webhook server's own series (deploy/webhook_server.py's metrics port), on their own job.
+WEBHOOK_SERVER_SERIES = ("gpuplane_webhook_reviews", "gpuplane_webhook_review_seconds", "gpuplane_webhook_certificate")
+SERIES = re.compile(r"\b(gpuplane_[a-z0-9_]+)(\{([^}]*)\})?")
+
+
+def scoped(expr: str) -> str:
+    """``expr`` with every gpuplane series limited to the dashboard's release."""
+
+    def scope(match: re.Match[str]) -> str:
+        name, inner = match.group(1), match.group(3)
+        job = "$webhook_job" if name.startswith(WEBHOOK_SERVER_SERIES) else "$job"
+        matchers = f'namespace=~"$namespace", job=~"{job}"'
+        return f"{name}{{{matchers}{', ' + inner if inner else ''}}}"
+
+    return SERIES.sub(scope, expr)
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    """A query variable over one label of the release's series."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "current": {},
+        "hide": 0,
+    }
 
 
 def panel(
@@ -40,7 +79,7 @@ def panel(
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {},
         "targets": [
-            {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)}
+            {"datasource": DATASOURCE, "expr": scoped(expr), "legendFormat": legend, "refId": chr(ord("A") + i)}
             for i, (expr, legend) in enumerate(targets)
         ],
     }
@@ -302,6 +341,34 @@ WEBHOOK = [
             "late answers",
         ),
     ),
+    row("Webhook server"),
+    panel(
+        "series",
+        "Calls by outcome",
+        "What does the webhook server answer per minute: allowed, patched (pinned), denied, shed, errors, callers refused (unauthorized) or malformed reviews? Errors and refused callers alert (GpuplaneWebhookErrors), mostly denials too (GpuplaneWebhookRefusing).",
+        ("sum by (outcome) (rate(gpuplane_webhook_reviews_total[5m])) * 60", "{{outcome}}"),
+        stack=True,
+    ),
+    panel(
+        "series",
+        "Call latency p50 / p99",
+        "How long does the webhook take to answer the apiserver, arrival to answer (a Bound VM in about a millisecond, a new order up to GPUPLANE_BIND_WAIT_SECONDS)?",
+        *(
+            (
+                f"histogram_quantile({q}, sum by (le) (rate(gpuplane_webhook_review_seconds_bucket[5m])))",
+                f"p{round(q * 100)}",
+            )
+            for q in (0.5, 0.99)
+        ),
+        unit="s",
+    ),
+    panel(
+        "stat",
+        "Certificate expires in",
+        "How long until the serving certificate a webhook pod serves expires? Alerted below 14 days (GpuplaneWebhookCertificateExpiry).",
+        ("min(gpuplane_webhook_certificate_expiry_seconds) - time()", "expires in"),
+        unit="s",
+    ),
     row("Read model (per web process)"),
     panel(
         "table",
@@ -415,7 +482,20 @@ def dashboard(name: str) -> dict[str, Any]:
                     "query": "prometheus",
                     "current": {},
                     "hide": 0,
-                }
+                },
+                variable("namespace", "Namespace", "label_values(gpuplane_devices, namespace)"),
+                variable("job", "Release (API job)", 'label_values(gpuplane_devices{namespace="$namespace"}, job)'),
+                *(
+                    [
+                        variable(
+                            "webhook_job",
+                            "Webhook server job",
+                            'label_values(gpuplane_webhook_reviews_total{namespace="$namespace"}, job)',
+                        )
+                    ]
+                    if name == "webhook"
+                    else []
+                ),
             ]
         },
         "panels": layout(panels),

@@ -37,7 +37,7 @@ from binder.engine import (
     effective_limits,
 )
 from binder.engine.choices import choices_of, reclassed
-from binder.engine.fit import borrow_terms
+from binder.engine.fit import borrow_terms, refuses_new
 from binder.engine.matching import term_matches, unmet
 from webhooks.patch import HOSTNAME_LABEL, build_patch, encode_patch, missing_tolerations
 from webhooks.review import (
@@ -380,6 +380,28 @@ def _deny(review: Review, message: str) -> Verdict:
     return Verdict(Action.DENY, review.uid, message=message)
 
 
+#: What a VM starting on a node that refuses new pods can wait for, by ``refuses_new``'s word.
+_STUCK_ADVICE = {
+    "NotReady": "which is NotReady: its launcher could not start there. The binder moves the set once the node "
+    "has been NotReady for GPUPLANE_NODE_GRACE_SECONDS; KubeVirt retries the start",
+    "cordoned": "which is cordoned: kube-scheduler places no new pod there. Uncordon it, or label it "
+    "gpuplane.io/drain=true to have the binder move its sets; then start the VM again",
+    "draining": "which is labelled gpuplane.io/drain=true: the binder is moving the set; try again",
+}
+
+
+def cannot_start(node: Node, classes: Sequence[GpuClass]) -> str | None:
+    """Why a launcher pinned to ``node`` could not start there now, or None. A set keeps its node
+    while it cannot take anything new (SPEC §4 step 2), but a VMI pinned there would wait for a
+    pod kube-scheduler never places, and the set may move away meanwhile: refuse it instead, saying
+    what the operator or the binder does next."""
+    why = refuses_new(node, classes)
+    if why is None:
+        return None
+    return _STUCK_ADVICE.get(why, f"which its launcher cannot use now ({why}); the binder moves a set off a node "
+                                  "its class no longer matches, but never for a taint")  # fmt: skip
+
+
 def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
     """Allow with the patch pinning the VMI to ``node``, unless its own constraints exclude it.
 
@@ -388,6 +410,12 @@ def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
     a required node affinity.
     """
     found = view.index().nodes.get(node)
+    classes = {c.name: c for c in view.classes}
+    devices = view.index().by_name
+    held_as = [classes[devices[name].class_name] for name in review.device_names]
+    stuck = cannot_start(found, held_as) if found is not None else None
+    if stuck:
+        return _deny(review, f"VMI {review.namespace}/{review.name}: its GPUs are held on node {node}, {stuck}")
     conflict = scheduling_conflict(review.scheduling, found, node)
     if conflict:
         return _deny(
@@ -395,8 +423,6 @@ def _patched(review: Review, view: MirrorView, node: str) -> Verdict:
             f"VMI {review.namespace}/{review.name}: its GPUs are on node {node}, "
             f"which the VMI's own scheduling constraints exclude: {conflict}",
         )
-    classes = {c.name: c for c in view.classes}
-    devices = view.index().by_name
     resources = {}
     wanted = []
     for name in review.device_names:

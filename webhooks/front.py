@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from webhooks import metrics
 from webhooks.admission import MirrorView, decide, overloaded, response
 from webhooks.views import ARRIVED, JSON_MEDIA_TYPE, Refused, gate, review_of
 
@@ -175,18 +176,22 @@ class Front:
         headers = scope.headers
         refused = gate(headers.get("authorization") or "", headers.get("content-length") or "")
         if refused is not None:
+            metrics.observe(metrics.outcome_of_status(refused.status), arrived)
             return _refused_answer(refused)
         body = await protocol()
         if self.admitted < self.limit:
             return await self.run(scope, body, arrived)
         review = review_of(body, headers.get("content-type") or "")
         if isinstance(review, Refused):
+            metrics.observe(metrics.outcome_of_status(review.status), arrived)
             return _refused_answer(review)
         if review.needs_mirror:
             self.shed += 1
             verdict = overloaded(review, self.admitted)
+            metrics.observe("shed", arrived)
         else:
             verdict = decide(review, MirrorView(namespace=review.namespace))
+            metrics.observe("allowed", arrived)
         return 200, JSON_HEADERS, orjson.dumps(response(verdict))
 
     async def run(self, scope: Scope, body: bytes, arrived: float) -> Answer:

@@ -91,6 +91,19 @@ def _pin_ops(spec: Mapping[str, Any], node: str, hostname: str | None) -> list[d
     return [{"op": "add", "path": _pointer("spec", "affinity"), "value": affinity}]
 
 
+#: Marks a VMI gpuplane pinned (its value the node): deploy/'s pin policy keeps the pin on the VMI
+#: when KubeVirt's VM controller live-updates the VMI's scheduling fields from its VM's template.
+PINNED_ANNOTATION = "gpuplane.io/pinned"
+
+
+def _marker_ops(vmi: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
+    meta = vmi.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if isinstance(annotations, Mapping):
+        return [{"op": "add", "path": _pointer("metadata", "annotations", PINNED_ANNOTATION), "value": node}]
+    return [{"op": "add", "path": _pointer("metadata", "annotations"), "value": {PINNED_ANNOTATION: node}}]
+
+
 def build_patch(
     vmi: Mapping[str, Any],
     node: str,
@@ -99,7 +112,8 @@ def build_patch(
     hostname: str | None,
     tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """JSONPatch ops that pin ``vmi`` to ``node`` and rewrite its gpuplane deviceNames.
+    """JSONPatch ops that pin ``vmi`` to ``node``, mark it pinned (:data:`PINNED_ANNOTATION`)
+    and rewrite its gpuplane deviceNames.
 
     ``hostname`` is the node's own ``kubernetes.io/hostname`` label (None: the node has
     none, and the pin is a required node affinity on ``metadata.name``). ``resources``
@@ -117,6 +131,7 @@ def build_patch(
     else:
         ops = []
     ops.extend(_pin_ops(spec, node, hostname))
+    ops.extend(_marker_ops(vmi, node))
     if tolerations:
         if isinstance(spec.get("tolerations"), list):
             end = _pointer("spec", "tolerations", "-")

@@ -41,6 +41,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webhooks import metrics
 from webhooks.admission import (
     Action,
     MirrorView,
@@ -59,6 +60,10 @@ JSON_MEDIA_TYPE = "application/json"
 #: The environ key holding a call's arrival (``time.monotonic()``) in the webhook server's
 #: event loop (``webhooks.front.Front``).
 ARRIVED = "gpuplane.arrived"
+
+
+#: The outcome a final verdict is counted under (webhooks/metrics.py).
+_OUTCOMES = {Action.ALLOW: "allowed", Action.PATCH: "patched", Action.DENY: "denied", Action.BIND: "denied"}
 
 
 def caller_policy() -> CallerPolicy:
@@ -183,14 +188,18 @@ def admit(request: HttpRequest) -> HttpResponse:
     # The one header the check reads, without building ``request.headers`` from every header.
     refused = gate(request.META.get("HTTP_AUTHORIZATION", ""), request.META.get("CONTENT_LENGTH") or "")
     if refused is not None:
+        metrics.observe(metrics.outcome_of_status(refused.status), started)
         return _json(refused.body, refused.status, refused.headers)
     try:
         raw = request.read()
     except OSError:
+        metrics.observe("bad_request", started)
         return _error("the body could not be read", "(body)", 400)
     review = review_of(raw, request.META.get("CONTENT_TYPE") or "")
     if isinstance(review, Refused):
+        metrics.observe(metrics.outcome_of_status(review.status), started)
         return _json(review.body, review.status, review.headers)
+    outcome = ""
     try:
         if review.needs_mirror:
             view = reconnecting(mirror_view, review.namespace)
@@ -205,6 +214,8 @@ def admit(request: HttpRequest) -> HttpResponse:
         # the caller can retry, never a 500 (which failurePolicy would turn into a
         # less obvious refusal, or an admission without the node pin).
         verdict = database_lost(review, exc)
+        outcome = "error"
+    metrics.observe(outcome or _OUTCOMES[verdict.action], started)
     return _json(response(verdict))
 
 

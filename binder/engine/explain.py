@@ -309,7 +309,13 @@ class Explainer:
     def _room_plan(self, key: SetKey, problems: list[str], code: str) -> dict[str, Any]:
         """The plan making room would carry out for the set now (``binder.engine.making_room``:
         the same rule over this snapshot, nothing moved), as :class:`Explanation` fields."""
-        if problems or code == Code.WAITS_FOR_RECLAIM or not self.cluster.virtual_machines:
+        settings = self.cluster.settings
+        if (
+            problems
+            or code == Code.WAITS_FOR_RECLAIM
+            or not self.cluster.virtual_machines
+            or settings.moves_per_pass <= 0
+        ):
             return {}
         if self._room is None:
             run = PlacingPass(self.cluster, ledger=self.ledger)
@@ -317,7 +323,7 @@ class Explainer:
         plan = self._room.plan(key)
         if plan is None:
             return {}
-        return {"room": plan.describe(), "room_over_limit": len(plan.moves) > self.cluster.settings.moves_per_pass}
+        return {"room": plan.describe(), "room_over_limit": len(plan.moves) > settings.moves_per_pass}
 
     def _marked_for(self, key: SetKey) -> str:
         """``t1/a, t1/b on n1, borrowed and marked for it, waits for its VM to stop``: the

@@ -34,7 +34,7 @@ from binder.engine.lending import Lending, set_id
 from binder.engine.matching import term_matches
 from binder.engine.pass_placing import PlacingPass
 from binder.engine.reasons import Code
-from binder.engine.types import Device, Node, Outcome, Phase, Toleration, VirtualMachine
+from binder.engine.types import Node, Outcome, Phase, Toleration, VirtualMachine
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The annotation that keeps a VM's set on its node (``Device.keep_node``).
@@ -329,6 +329,8 @@ class MakingRoom:
         move the plan's sets to their destinations and place the waiting set."""
         run = self.run
         limit = run.settings.moves_per_pass
+        if limit <= 0 or not run.virtual_machines:
+            return  # off, or no stopped VM could move: a pass without VirtualMachines pays nothing
         for key in self.waiting_sets():
             if not self._still_waiting(key):
                 continue
@@ -391,8 +393,3 @@ class MakingRoom:
             if device.phase is not Phase.PENDING or device.reason.endswith(note):
                 continue
             run.with_reason(key, [device.name], device.reason + note, code=device.reason_code)
-
-
-def moves_of(devices: Iterable[Device]) -> list[str]:
-    """The names of the sets among ``devices`` moved to make room (by their reason's code)."""
-    return sorted({set_id(d.set_key) for d in devices if d.reason_code == Code.MADE_ROOM})

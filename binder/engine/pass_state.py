@@ -39,8 +39,11 @@ from binder.engine.types import (
     Outcome,
     PassResult,
     Phase,
+    Vmi,
 )
 
+#: A VMI in one of these phases has ended: it is pinned to nothing any more.
+FINISHED_VMI_PHASES = frozenset({"Succeeded", "Failed"})
 REASON_BOUND = "bound: fullest node with room"
 
 
@@ -89,11 +92,22 @@ class PassState:
         #: Lending rules apply: some budget names a borrowing, or some set holds borrowed GPUs
         #: (``binder.engine.lending``; without either, no set borrows or is marked).
         self.lending = any(b.borrowing for b in cluster.budgets) or bool(self.ledger.borrowed_sets)
+        self._vmis = cluster.vmis
+        self._vmi_index: dict[SetKey, Vmi] | None = None
 
     # -- reading -------------------------------------------------------------------------
 
     def set_keys(self) -> list[SetKey]:
         return list(self._set_keys)
+
+    def live_vmi(self, key: SetKey) -> Vmi | None:
+        """The set's VMI (same namespace and name as its VM) while it has not finished: a VMI
+        admitted to the set is pinned to the node the set was Bound on then. Indexed on first
+        use (only an over-booked node asks)."""
+        if self._vmi_index is None:
+            self._vmi_index = {(v.namespace, v.name): v for v in self._vmis}
+        vmi = self._vmi_index.get(key)
+        return vmi if vmi is not None and vmi.phase not in FINISHED_VMI_PHASES else None
 
     def members(self, key: SetKey) -> tuple[Device, ...]:
         return self.ledger.devices(key)

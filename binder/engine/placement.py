@@ -263,6 +263,13 @@ class _Pass(PlacingPass):
                 holds = self.units(d for d in held if d.phase is Phase.BOUND and d.node == node)
                 if not holds:
                     continue  # already moved
+                vmi = self.live_vmi(key)
+                if frees_units and vmi is not None and vmi.node in ("", node):
+                    # Its VMI is pinned here: moving the set would leave the VMI pinned to a node
+                    # its devices left, its launcher never to start anywhere. It stays, saying why
+                    # (unless the node cannot hold its devices at all: the second round).
+                    self.crowded(key, node, over)
+                    continue
                 lifted = tuple(
                     dataclasses.replace(d, phase=Phase.LOST, node="") if d.held else d for d in self.members(key)
                 )
@@ -279,6 +286,24 @@ class _Pass(PlacingPass):
                     f"{r} allocatable {allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}" for r in over
                 )
                 self.move(key, node, f"node {node} is over-booked ({detail})", held=held)
+
+    def crowded(self, key: SetKey, node: str, over: Iterable[str]) -> None:
+        """Keep a set whose VMI is pinned to over-booked ``node``, its reason naming the raw usage
+        its launcher waits for."""
+        allocatable = self.nodes[node].allocatable
+        detail = ", ".join(
+            f"{r} allocatable {allocatable.get(r, 0)}, booked {self.ledger.booked[node][r]}" for r in sorted(over)
+        )
+        raw = {r: self.ledger.booked[node][r] - self.ledger.device_booked[node][r] for r in sorted(over)}
+        why = (
+            f"kept on {node}, which is over-booked ({detail}): its VMI {key[0]}/{key[1]} is pinned there, "
+            "so moving the set would strand it"
+        )
+        if any(raw.values()):
+            pods = ", ".join(f"{units} of {r}" for r, units in raw.items() if units)
+            why += f"; pods asking kube-scheduler directly use {pods} there, and its launcher waits for them to end"
+        names = [d.name for d in self.members(key) if d.phase is Phase.BOUND and d.node == node]
+        self.with_reason(key, names, f"bound: {why}", code=Code.CROWDED)
 
     def move(self, key: SetKey, from_node: str, why: str, held: Sequence[Device] | None = None) -> None:
         held = list(held) if held is not None else [d for d in self.members(key) if d.held]

@@ -54,6 +54,9 @@ class Code(StrEnum):
     RELEASED = "Released"
     #: Not placed: borrowed sets were marked to be taken back for it (the sentence names them).
     WAITS_FOR_RECLAIM = "WaitsForReclaim"
+    #: Kept on an over-booked node: its VMI is pinned there, so its launcher waits for the
+    #: units raw pods took (moving the set would strand the VMI on a node without its GPUs).
+    CROWDED = "Crowded"
     #: A stopped VM's set moved to another node to make room for a waiting set (named).
     MADE_ROOM = "MadeRoom"
 

@@ -88,6 +88,8 @@ def held_back_by(result: PassResult, stale: Collection[SetKey], *, later: bool) 
                 if later:
                     held.update(taken[index + 1 :])
                 break
+    for namespace, vm in sorted(held - set(stale)):
+        log.info("set %s/%s waits for the next pass: a set moved for making room stays where it is", namespace, vm)
     return held
 
 
@@ -149,8 +151,6 @@ def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassRes
     }  # fmt: skip
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: a VMI was admitted to it meanwhile", namespace, vm)
-    for namespace, vm in sorted(held_back_by(result, stale, later=True) - stale):
-        log.info("set %s/%s waits for the next pass: a set moved to make room for it stays", namespace, vm)
     stale |= held_back_by(result, stale, later=True)
     kept = without_sets(result, stale)
     return kept, len(result.devices) - len(kept.devices)

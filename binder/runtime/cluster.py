@@ -157,8 +157,10 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     def against_row(device: e.Device) -> str | None:
         """The version to write against, or None when the row is not the one decided from."""
         object_id = state.device_ids.get(device.key)
-        row = current.get(object_id) if object_id is not None else None
-        if row is None or object_id is None or row[1] != decided.get(object_id):
+        if object_id is None:
+            return None
+        row = current.get(object_id)
+        if row is None or row[1] != decided.get(object_id):
             # Being written by the sync right now, or changed since the catch-up (the webhook
             # admitted a VMI, a label changed): the next pass decides from the newer row.
             return None
@@ -194,8 +196,6 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
         written = [w[0] for w in first if w[0].set_key in landed]
     # Making room: a set for which a move of its plan did not land has no room; it waits.
     held_back = admissions.held_back_by(result, stale, later=False)
-    for namespace, vm in sorted(held_back):
-        log.info("set %s/%s waits for the next pass: a set moved to make room for it stays", namespace, vm)
     written += writes.patch_many("GPU", [w for w in rest if w[0].set_key not in stale | held_back])
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: its first member changed (a VMI admitted to it?)",

@@ -471,6 +471,38 @@ def test_over_booked_node_keeps_the_set_whose_vm_runs_there() -> None:
     assert placement(result, c, "older") == {(e.Phase.BOUND, "n2")}
 
 
+def test_over_booked_node_keeps_a_set_whose_vmi_is_pinned_there_and_says_why() -> None:
+    """A stopped VM's set on n1; kube-scheduler, which knows nothing of gpuplane's bookings, put a
+    raw pod on its units; the VM starts: its VMI is pinned to n1, its launcher still Pending (no
+    room). Moving the set would leave the VMI pinned where its devices are not, its launcher never
+    to start; it stays, its reason (code Crowded) naming the pods' units. A set whose VM has no VMI
+    moves as before."""
+    starting = held("t1", "starting", 2, "n1", since="2026-11-20T00:00:00Z")
+    vmi = vmi_obj("t1", "starting", [d.name for d in starting], {}, "")
+    vmi["status"] = {"phase": "Scheduling"}
+    c = cluster(
+        *held("t1", "stopped", 2, "n1", since="2026-11-10T00:00:00Z"),
+        *starting,
+        nodes=(node("n1", {H100: 8}), node("n2", {H100: 8})),
+        vmis=(engine(vmi),),
+        pods=(engine(plain_pod_obj("t2", "trainer", H100, 6, "n1")),),
+    )
+    result = full_pass(c)
+    after = state(result, c)
+    assert placement(result, c, "starting") == {(e.Phase.BOUND, "n1")}
+    assert after["starting-gpu0"].reason_code == "Crowded"
+    assert "its VMI t1/starting is pinned there" in after["starting-gpu0"].reason
+    assert "6 of nvidia.com/GH100" in after["starting-gpu0"].reason
+    # The stopped VM's set makes the room instead (2 + 2 + 6 > 8 until it leaves).
+    assert placement(result, c, "stopped") == {(e.Phase.BOUND, "n2")}
+    # A finished VMI pins nothing: the newest set then moves, as any other would.
+    vmi["status"] = {"phase": "Failed"}
+    c2 = dataclasses.replace(c, vmis=(engine(vmi),))
+    moved = full_pass(c2)
+    assert placement(moved, c2, "starting") == {(e.Phase.BOUND, "n2")}
+    assert placement(moved, c2, "stopped") == {(e.Phase.BOUND, "n1")}
+
+
 # -- the pass's fast paths give what the general ones give ----------------------------------------
 
 

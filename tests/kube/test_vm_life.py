@@ -10,6 +10,8 @@ a status, a node name or ``activePods``.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -54,6 +56,10 @@ def two_nodes(cluster: VmCluster) -> None:
     cluster.request("POST", "/apis/gpuplane.io/v1alpha1/gpuclasses", class_obj("h100", H100))
     cluster.tenant_namespace("t1")
     cluster.wait_nodes_ready("n1", "n2")
+
+
+def json_of(value: Any) -> str:
+    return json.dumps(value)
 
 
 def state() -> dict[str, Any]:
@@ -103,8 +109,8 @@ def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmClust
     assert phase == "Bound"
     # The webhook pinned the VMI by the node's own hostname label; KubeVirt carried the pin to the pod.
     expected_hostname = "hgx-01" if node == "n1" else node
-    assert "nodeSelector" in vmi["spec"], vm_cluster.describe("t1")
-    assert vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
+    assert vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname, vm_cluster.describe("t1")
+    assert vmi["metadata"]["annotations"]["gpuplane.io/pinned"] == node
     assert launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"] == expected_hostname
     assert launcher["spec"]["nodeName"] == node
     # virt-controller asked the raw device names of kube-scheduler, one unit per GPU.
@@ -118,7 +124,38 @@ def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmClust
     assert usage("t1", H100) == 2 and usage("t1", "h100") == 2
     mirrored(lambda: UsageRecord.objects.filter(namespace="t1", end=None, phase="Bound").count() == 2,
              "two open device records", vm_cluster, gpuplane)  # fmt: skip
-    assert not UsageRecord.objects.filter(namespace="t1", subject_kind="Pod").exists()
+    # virt-controller lists the launcher in activePods only on the sync after it created the pod: until
+    # then the rule counts the pod's GPUs as raw usage, so a raw record may open for that moment. It
+    # is closed once the pod is listed, and nothing stays open.
+    mirrored(lambda: not UsageRecord.objects.filter(namespace="t1", subject_kind="Pod", end=None).exists(),
+             "no open raw record for the launcher", vm_cluster, gpuplane)  # fmt: skip
+    for record in UsageRecord.objects.filter(namespace="t1", subject_kind="Pod"):
+        assert record.subject == launcher["metadata"]["name"]
+        assert record.end is not None and (record.end - record.start).total_seconds() < 5
+
+
+def test_the_pin_survives_kubevirts_live_update_of_the_vmi(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
+    """KubeVirt's VM controller (LiveUpdate rollouts, its default) copies a running VM's template
+    nodeSelector and tolerations onto its VMI whenever they differ: it would remove the webhook's pin
+    and the class's tolerations moments after the create. deploy/'s pin policy puts them back in the
+    apiserver, so the VMI stays pinned whatever the VM controller's later syncs send."""
+    two_nodes(vm_cluster)
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    vm_cluster.request("PATCH", "/apis/gpuplane.io/v1alpha1/gpuclasses/h100", {"spec": {"tolerations": [toleration]}})
+    devices = order(vm_cluster, "t1", "vm1", 1)
+    vm_cluster.vm("t1", "vm1", devices)
+    vm_cluster.running_launcher("t1", "vm1")
+    # A change to the VM that the VM controller syncs onto the running VMI (its labels trigger a sync).
+    vm_cluster.request("PATCH", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines/vm1",
+                       {"metadata": {"labels": {"touched": "1"}}}, identity=TENANT_USER)  # fmt: skip
+    ((_, node),) = placement(vm_cluster, "t1", devices)
+    hostname = "hgx-01" if node == "n1" else node
+    for _ in range(20):
+        vmi = vm_cluster.vmi("t1", "vm1")
+        assert vmi is not None
+        assert vmi["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname") == hostname, vm_cluster.describe("t1")
+        assert toleration in vmi["spec"].get("tolerations", []), vmi["spec"].get("tolerations")
+        time.sleep(0.1)
 
 
 def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
@@ -209,9 +246,11 @@ def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(vm_cluster:
 
 def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
     """virt-controller matches a controller reference by uid alone: a tenant's pod naming the VMI's
-    uid as a ReplicaSet passes the launcher policy (which guards the kind VirtualMachineInstance)
-    and is listed in activePods. gpuplane takes only a VirtualMachineInstance controller reference
-    as the hint of which VMI to look up, so the pod's GPUs count as raw usage in full."""
+    uid under a kind no API serves passes the launcher policy (which guards the kind
+    VirtualMachineInstance), is left alone by the garbage collector (it cannot look the owner up;
+    it deletes a pod naming an existing kind whose object has another uid) and is listed in
+    activePods. gpuplane takes only a VirtualMachineInstance controller reference as the hint of
+    which VMI to look up, so the pod's GPUs count as raw usage in full."""
     two_nodes(vm_cluster)
     devices = order(vm_cluster, "t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
@@ -220,12 +259,17 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: 
     vmi = vm_cluster.vmi("t1", "vm1")
     assert vmi is not None
     disguised = forged_launcher("t1", "disguised", "vm1", vmi["metadata"]["uid"], {H100: 2})
-    disguised["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="ReplicaSet")
+    disguised["metadata"]["ownerReferences"][0].update(apiVersion="forged.example.com/v1", kind="Widget")
     disguised["metadata"]["annotations"] = {"kubevirt.io/domain": "vm1"}
     disguised["spec"]["nodeSelector"] = {
         "kubernetes.io/hostname": launcher["spec"]["nodeSelector"]["kubernetes.io/hostname"]
     }
     stored = vm_cluster.request("POST", pod_path("t1"), disguised, identity=TENANT_USER)
+    # virt-controller finds the VMI to sync from a pod's controller reference only when its kind is
+    # VirtualMachineInstance, so this pod alone does not wake it; the VMI's next sync lists it (any
+    # event of the VMI or its launcher: here a label the tenant may set on its own pod).
+    vm_cluster.request("PATCH", pod_path("t1", launcher["metadata"]["name"]), {"metadata": {"labels": {"t": "1"}}},
+                       identity=TENANT_USER)  # fmt: skip
     wait_for(
         lambda: (
             stored["metadata"]["uid"] in (vm_cluster.vmi("t1", "vm1") or {}).get("status", {}).get("activePods", {})
@@ -237,3 +281,81 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: 
     mirrored(lambda: models.Pod.objects.filter(name="disguised", phase="Running").exists() and booked(node) == 4,
              "the disguised pod's 2 GPUs counted as raw", vm_cluster, gpuplane)  # fmt: skip
     assert usage("t1", H100) == 4
+
+
+def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_again(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """kube-scheduler knows nothing of the units gpuplane keeps for a stopped VM: with the launcher
+    gone it sees them free and places a raw pod there (the race KubeVirt's proposal for keeping
+    devices across a stop names: another workload grabs the device during the restart). gpuplane
+    sees the node over-booked and moves the stopped VM's set to a node with room, so the restart
+    is pinned there and its launcher runs; the raw pod keeps the units it was given."""
+    two_nodes(vm_cluster)
+    vm_cluster.tenant_namespace("t2")
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+    other = "n2" if node == "n1" else "n1"
+    vm_cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+
+    hostname = first["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    trainer = raw_pod("t2", "trainer", {H100: 8}, {"kubernetes.io/hostname": hostname})
+    vm_cluster.request("POST", pod_path("t2"), trainer, identity=TENANT_USER)
+    wait_for(lambda: vm_cluster.request("GET", pod_path("t2", "trainer"))["status"].get("phase") == "Running", 60,
+             "kube-scheduler and kwok to run the raw pod on the stopped VM's units")  # fmt: skip
+    assert vm_cluster.request("GET", pod_path("t2", "trainer"))["spec"]["nodeName"] == node
+    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Bound", other)},
+             "the stopped VM's set moved off the over-booked node", vm_cluster, gpuplane)  # fmt: skip
+    reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
+    assert f"node {node} is over-booked" in reason, reason
+
+    vm_cluster.set_running("t1", "vm1", True)
+    second = vm_cluster.running_launcher("t1", "vm1")
+    assert second["spec"]["nodeName"] == other
+    vmi = vm_cluster.vmi("t1", "vm1")
+    assert vmi is not None and vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] != hostname
+    assert booked(other) == 2 and booked(node) == 8
+
+
+def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_returns(
+    vm_cluster: VmCluster, gpuplane: Gpuplane
+) -> None:
+    """As above, but the other node is full too: the stopped VM's set goes Lost, its reason and the
+    Lost page saying why; the restart's VMI is refused by the webhook with the binder's reason (no
+    VMI is created pinned anywhere), KubeVirt's VM controller retries, and once a raw pod ends the
+    Lost set is bound again and the VM starts there."""
+    two_nodes(vm_cluster)
+    vm_cluster.tenant_namespace("t2")
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    vm_cluster.vm("t1", "vm1", devices)
+    first = vm_cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+    other = "n2" if node == "n1" else "n1"
+    vm_cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+    for name, where in (("filler", other), ("trainer", node)):
+        hostname = "hgx-01" if where == "n1" else where
+        vm_cluster.request("POST", pod_path("t2"), raw_pod("t2", name, {H100: 8}, {"kubernetes.io/hostname": hostname}),
+                           identity=TENANT_USER)  # fmt: skip
+        wait_for(lambda n=name: vm_cluster.request("GET", pod_path("t2", n))["status"].get("phase") == "Running", 60,
+                 f"the raw pod {name} running")  # fmt: skip
+    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Lost", "")}, "the set Lost", vm_cluster, gpuplane)
+    reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
+    assert "no other node has room for the set" in reason, reason
+
+    vm_cluster.set_running("t1", "vm1", True)
+    vm_path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines/vm1"
+    wait_for(lambda: "vmi.gpuplane.io" in json_of(vm_cluster.request("GET", vm_path).get("status", {})), 60,
+             "the VM's status to carry the webhook's refusal",
+             detail=lambda: json_of(vm_cluster.request("GET", vm_path).get("status", {})))  # fmt: skip
+    refusal = json_of(vm_cluster.request("GET", vm_path)["status"])
+    assert "denied the request" in refusal and "no other node has room for the set" in refusal, refusal
+    assert vm_cluster.vmi("t1", "vm1") is None
+
+    vm_cluster.request("DELETE", pod_path("t2", "filler") + "?gracePeriodSeconds=0")
+    second = vm_cluster.running_launcher("t1", "vm1", timeout=120)
+    assert second["spec"]["nodeName"] == other
+    assert placement(vm_cluster, "t1", devices) == {("Bound", other)}

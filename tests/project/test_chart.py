@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.chart_tools import CHART, ROOT, run, template, template_text, tool
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-CLUSTER, STANDALONE, CUSTOM = (CHART / "ci" / f"{n}-values.yaml" for n in ("cluster", "standalone", "custom"))
+CLUSTER, STANDALONE, CUSTOM, OPENSHIFT = (
+    CHART / "ci" / f"{n}-values.yaml" for n in ("cluster", "standalone", "custom", "openshift")
+)
 ALERT_TESTS = CHART / "tests" / "alerts.test.yaml"
+TWO_RELEASES = CHART / "tests" / "two-releases.test.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 ALERTS = {
@@ -42,6 +46,12 @@ ALERTS = {
     "GpuplaneWebhookSlow",
     "GpuplaneWebhookTryAgain",
     "GpuplaneReadModelNotReady",
+    "GpuplaneBrokerDown",
+    "GpuplaneSyncLagging",
+    "GpuplaneWebhookDown",
+    "GpuplaneWebhookErrors",
+    "GpuplaneWebhookRefusing",
+    "GpuplaneWebhookCertificateExpiry",
 }
 
 
@@ -80,19 +90,19 @@ def test_helm_lint_strict(values: Path) -> None:
     assert "0 chart(s) failed" in done.stdout
 
 
-def test_ci_values_files_are_the_three_the_tests_know() -> None:
-    assert sorted([CLUSTER, STANDALONE, CUSTOM]) == CI_VALUES
+def test_ci_values_files_are_the_four_the_tests_know() -> None:
+    assert sorted([CLUSTER, STANDALONE, CUSTOM, OPENSHIFT]) == CI_VALUES
 
 
-def test_cluster_mode_without_a_ca_bundle_is_refused_naming_the_value() -> None:
-    done = run(tool("helm"), "template", "gpuplane", str(CHART), check=False)
+def test_manual_certificates_without_a_ca_bundle_are_refused_naming_the_value() -> None:
+    done = run(tool("helm"), "template", "gpuplane", str(CHART), "--set", "webhook.certificates=manual", check=False)
     assert done.returncode != 0
-    assert "webhook.caBundle" in done.stderr and "certManager" in done.stderr
+    assert "webhook.caBundle" in done.stderr and "self-signed-job or cert-manager" in done.stderr
 
 
 def test_a_bad_mode_or_a_setting_the_chart_owns_is_refused() -> None:
     for flag, named in (
-        ("mode=kubernetes", "mode must be cluster or standalone"),
+        ("mode=kubernetes", "at '/mode': value must be one of 'cluster', 'standalone'"),
         ("settings.DATABASE_URL=x", "settings.DATABASE_URL"),
     ):
         done = run(tool("helm"), "template", "gpuplane", str(CHART), "-f", str(CLUSTER), "--set", flag, check=False)
@@ -102,8 +112,10 @@ def test_a_bad_mode_or_a_setting_the_chart_owns_is_refused() -> None:
 def test_cluster_mode_renders_every_process_the_webhook_and_monitoring() -> None:
     docs = template(CLUSTER)
     assert set(of_kind(docs, "Deployment")) == {f"gpuplane-{c}" for c in ("web", "webhook", "binder", "beat", "sync")}
-    assert set(of_kind(docs, "ClusterRole")) == {f"gpuplane-{c}" for c in ("web", "webhook", "binder", "sync")}
-    assert set(of_kind(docs, "ClusterRoleBinding")) == set(of_kind(docs, "ClusterRole"))
+    processes = {f"gpuplane-{c}" for c in ("web", "webhook", "binder", "sync")}
+    hooks = {"gpuplane-certificates", "gpuplane-certificates-hook", "gpuplane-crds"}
+    assert set(of_kind(docs, "ClusterRole")) == processes | hooks | {"gpuplane-tenant-edit", "gpuplane-tenant-view"}
+    assert set(of_kind(docs, "ClusterRoleBinding")) == processes | hooks
     assert set(of_kind(docs, "PodDisruptionBudget")) == {"gpuplane-web", "gpuplane-webhook"}
     assert set(of_kind(docs, "Service")) == {"gpuplane-api", "gpuplane-webhook"}
     webhook = of_kind(docs, "MutatingWebhookConfiguration")["gpuplane-vmi"]["webhooks"][0]
@@ -113,10 +125,12 @@ def test_cluster_mode_renders_every_process_the_webhook_and_monitoring() -> None
     assert webhook["failurePolicy"] == "Fail" and webhook["timeoutSeconds"] == 10
     assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "gpuplane-system"]
     assert "Namespace" not in {d["kind"] for d in docs}  # helm install --create-namespace, by default
-    monitor = of_kind(docs, "ServiceMonitor")["gpuplane"]
-    assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {
-        "name": "gpuplane-secrets", "key": "GPUPLANE_METRICS_TOKEN",
-    }  # fmt: skip
+    monitors = of_kind(docs, "ServiceMonitor")
+    assert set(monitors) == {"gpuplane", "gpuplane-webhook"}
+    for monitor in monitors.values():
+        assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {
+            "name": "gpuplane-secrets", "key": "GPUPLANE_METRICS_TOKEN",
+        }  # fmt: skip
     # The scrape's Host (the pod IP) is allowed next to the Services' names.
     web = containers(of_kind(docs, "Deployment")["gpuplane-web"])[-1]
     assert env_of(web)["DJANGO_ALLOWED_HOSTS"] == "$(DJANGO_ALLOWED_HOSTS),$(POD_IP)"
@@ -175,7 +189,8 @@ def test_custom_values_reach_every_object() -> None:
     }  # fmt: skip
     assert env_of(webhook_pod["containers"][0])["GPUPLANE_WEBHOOK_TOKEN_FILE"] == "/etc/gpuplane/webhook-token/bearer"
     configuration = of_kind(docs, "MutatingWebhookConfiguration")["gp-vmi"]
-    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "gpus/gp-tls"}
+    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "gpus/gp-webhook"}
+    assert of_kind(docs, "Certificate")["gp-webhook"]["spec"]["secretName"] == "gp-tls"
     hook = configuration["webhooks"][0]
     assert "caBundle" not in hook["clientConfig"]
     assert hook["clientConfig"]["service"]["name"] == "gp-webhook"
@@ -188,7 +203,9 @@ def test_custom_values_reach_every_object() -> None:
         "localhost", "gpuplane.example.com",
     ]  # fmt: skip
     policy = of_kind(docs, "NetworkPolicy")["gp-webhook-from-apiserver"]
-    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"ipBlock": {"cidr": "10.0.0.0/16"}}, {"ipBlock": {"cidr": "fd00:10::/64"}},
+    ]  # fmt: skip
     assert "gp-datastores-from-gpuplane" not in of_kind(docs, "NetworkPolicy")
     assert not of_kind(docs, "PodDisruptionBudget")
     for configmap in (c for n, c in of_kind(docs, "ConfigMap").items() if "dashboard" in n):
@@ -239,7 +256,10 @@ def test_chart_rbac_is_deploys_rbac() -> None:
         if d and d["kind"] == "ClusterRole"
     }
     charted = {n.removeprefix("gp-"): r["rules"] for n, r in of_kind(template(CUSTOM), "ClusterRole").items()}
-    assert charted == {n.removeprefix("gpuplane-"): rules for n, rules in deployed.items()}
+    # The processes' roles; the hooks' and the tenants' are the chart's alone (test_chart_values.py).
+    processes = {n.removeprefix("gpuplane-"): rules for n, rules in deployed.items()}
+    assert {n: r for n, r in charted.items() if n in processes} == processes
+    assert set(charted) - set(processes) == {"crds", "tenant-edit", "tenant-view"}  # cert-manager: no Job
 
 
 def test_settings_are_documented_variables() -> None:
@@ -294,8 +314,8 @@ def test_every_value_is_documented() -> None:
 # -- alerts ----------------------------------------------------------------------------------------
 
 
-def rule_groups(values: Path = CLUSTER) -> dict[str, Any]:
-    (rule,) = of_kind(template(values), "PrometheusRule").values()
+def rule_groups(values: Path = CLUSTER, **kwargs: Any) -> dict[str, Any]:
+    (rule,) = of_kind(template(values, **kwargs), "PrometheusRule").values()
     return {"groups": rule["spec"]["groups"]}
 
 
@@ -325,6 +345,23 @@ def test_promtool_test_rules(tmp_path: Path) -> None:
     done = run(tool("promtool"), "test", "rules", str(tmp_path / ALERT_TESTS.name), check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_two_releases_in_one_prometheus_alert_apart(tmp_path: Path) -> None:
+    """Each release's rules read its own namespace and jobs: with one release stalled and one
+    healthy, the stalled one fires (two-releases.test.yaml)."""
+    (tmp_path / "rules-a.yaml").write_text(yaml.safe_dump(rule_groups()))
+    (tmp_path / "rules-b.yaml").write_text(yaml.safe_dump(rule_groups(release="team-b", namespace="team-b")))
+    shutil.copy(TWO_RELEASES, tmp_path / TWO_RELEASES.name)
+    done = run(tool("promtool"), "test", "rules", str(tmp_path / TWO_RELEASES.name), check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_every_rule_reads_its_own_release_only() -> None:
+    for rule in (r for g in rule_groups(release="team-b", namespace="team-b")["groups"] for r in g["rules"]):
+        assert 'namespace="team-b"' in rule["expr"], rule["alert"]
+        assert 'job="team-b-gpuplane-api"' in rule["expr"] or 'job="team-b-gpuplane-webhook"' in rule["expr"]
 
 
 def test_every_alert_has_a_test_that_fires_and_one_that_stays_quiet() -> None:
@@ -457,12 +494,46 @@ def _scrape(env: dict[str, str]) -> set[str]:
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _scrape_webhook_server(env: dict[str, str], var: Path) -> set[str]:
+    """The sample names the webhook server's own metrics port (deploy/webhook_server.py) serves,
+    after one call, with a serving certificate (its expiry is a series)."""
+    from deploy.webhook_certificates import make_ca, make_serving
+    from tests.support import workers
+
+    now = datetime.now(UTC)
+    ca, ca_key = make_ca("metrics-test", 2, now)
+    cert, key = make_serving(ca, ca_key, ["localhost"], 2, now)
+    (var / "tls.crt").write_bytes(cert)
+    (var / "tls.key").write_bytes(key)
+    port, metrics_port = _free_port(), _free_port()
+    env = {
+        **env, "GPUPLANE_CLUSTER": "standalone", "GPUPLANE_WEBHOOK_AUTH": "none",
+        "GPUPLANE_TLS_CERT_FILE": str(var / "tls.crt"), "GPUPLANE_TLS_KEY_FILE": str(var / "tls.key"),
+        "GPUPLANE_WEBHOOK_METRICS_BIND": f"127.0.0.1:{metrics_port}",
+    }  # fmt: skip
+    with workers.webhook_server(env, var, scheme="https", probe_http=False, port=port):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+                    text = response.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the webhook server's metrics port did not answer within 30 s"
+                time.sleep(0.3)
+    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+#: Series Prometheus makes itself for every target (the webhook's "down" alert reads it).
+PROMETHEUS_OWN = {"up"}
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every sample name a web process exports, on the demo cluster (`manage.py demo`: placed,
     Lost and Pending sets, two weeks of usage), with sync status rows as cluster mode writes them:
     once with no broker (the queue series at 0) and once with a Redis broker that does not
-    answer (``gpuplane_broker_up`` 0)."""
+    answer (``gpuplane_broker_up`` 0); and every name the webhook server's metrics port exports."""
     var = tmp_path_factory.mktemp("metrics")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("GPUPLANE_", "CELERY_", "DATABASE_", "DJANGO_"))},
@@ -474,6 +545,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     run(sys.executable, "manage.py", "shell", "-c", SYNC_ROWS, cwd=ROOT, env=env)
     names = _scrape(env)
     names |= _scrape({**env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0"})
+    names |= _scrape_webhook_server(env, var)
     return names
 
 
@@ -481,7 +553,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 def test_every_metric_queried_is_exported(source: str, exported: set[str]) -> None:
     queries = dashboard_queries() if source == "dashboards" else alert_queries()
     assert queries
-    missing = {f"{where}: {name}" for where, expr in queries for name in metric_names(expr) if name not in exported}
+    missing = {
+        f"{where}: {name}"
+        for where, expr in queries
+        for name in metric_names(expr)
+        if name not in exported | PROMETHEUS_OWN
+    }
     assert not missing, f"not exported by /metrics: {sorted(missing)}"
-    used = {name for _, expr in queries for name in metric_names(expr)}
+    used = {name for _, expr in queries for name in metric_names(expr)} - PROMETHEUS_OWN
     assert used and all(name.startswith("gpuplane_") for name in used)

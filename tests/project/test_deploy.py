@@ -423,9 +423,16 @@ def test_web_and_webhook_serve_tls_with_probes(deployment: str, service: str) ->
         get = container[probe]["httpGet"]
         assert (get["scheme"], get["path"], get["port"]) == ("HTTPS", path, "https")
     front = one(docs, "Service", service)
-    (port,) = front["spec"]["ports"]
+    port, *metrics = front["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (443, "https")
-    assert container["ports"] == [{"name": "https", "containerPort": 8443}]
+    https, *metrics_port = container["ports"]
+    assert https == {"name": "https", "containerPort": 8443}
+    if deployment == "gpuplane-webhook":
+        # The webhook server's own /metrics, plain HTTP beside the webhook (docs/webhook.md).
+        assert metrics == [{"name": "metrics", "port": 9102, "targetPort": "metrics", "protocol": "TCP"}]
+        assert metrics_port == [{"name": "metrics", "containerPort": 9102}]
+    else:
+        assert not metrics and not metrics_port
     assert front["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
     # The Services select one Deployment each: the webhook's port serves nothing else.
     others = [d for d in of_kind(docs, "Deployment").values() if d is not web]

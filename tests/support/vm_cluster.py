@@ -51,6 +51,7 @@ from tests.support.controlplane import (
     ControlPlaneError,
     Process,
     Profile,
+    _prefix_range,
     free_port,
     kubevirt_dir,
     kwok_dir,
@@ -68,8 +69,9 @@ TENANT_USER = "tenant"
 #: The label kwok's node chaos stage (``node-not-ready``) reacts to.
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
 #: What every kwok node offers besides GPUs: what a virt-launcher pod asks of its node.
-NODE_BASICS = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110", "devices.kubevirt.io/kvm": "1k",
-               "devices.kubevirt.io/tun": "1k", "devices.kubevirt.io/vhost-net": "1k"}  # fmt: skip
+NODE_BASICS = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110",
+               "devices.kubevirt.io/kvm": "1k", "devices.kubevirt.io/tun": "1k",
+               "devices.kubevirt.io/vhost-net": "1k"}  # fmt: skip
 #: Seconds a pod tolerates a NotReady or unreachable node before the taint evicts it (the
 #: DefaultTolerationSeconds admission plugin's default is 300).
 TOLERATION_SECONDS = 2
@@ -103,8 +105,9 @@ PROFILE = Profile(
         "/registry/leases/kube-node-lease/",
         "/registry/validatingadmissionpolicies/",
         "/registry/validatingadmissionpolicybindings/",
+        "/registry/mutatingadmissionpolicies/",
+        "/registry/mutatingadmissionpolicybindings/",
         "/registry/mutatingwebhookconfigurations/",
-        "/registry/rolebindings/",
     ),
     kept_namespaces=KEPT_NAMESPACES | {KUBEVIRT_NAMESPACE},
 )
@@ -206,7 +209,14 @@ class VmCluster:
     # -- between tests --------------------------------------------------------------------------
 
     def reset(self) -> None:
+        """The control plane's reset, and the tenants' role bindings (KubeVirt's in its own
+        namespace stay: virt-controller keeps its leader lease through them)."""
         self.plane.reset()
+        listed = self.plane.etcd("kv/range", {**_prefix_range("/registry/rolebindings/"), "keys_only": True})
+        for item in listed.get("kvs", []):
+            namespace = base64.b64decode(item["key"]).decode().split("/")[3]
+            if namespace not in PROFILE.kept_namespaces:
+                self.plane.etcd("kv/deleterange", {"key": item["key"]})
 
     def stop(self) -> None:
         for name in ("kwok", "virt-controller", "kube-scheduler"):
@@ -326,30 +336,37 @@ class VmCluster:
         """What a test prints when a wait fails: the namespace's VMIs, pods and GPUs, briefly."""
         lines = []
         for vmi in self.request("GET", VMIS.format(ns=namespace))["items"]:
-            status = vmi.get("status", {})
-            lines.append(f"VMI {vmi['metadata']['name']}: phase={status.get('phase')} "
-                         f"node={status.get('nodeName')} activePods={status.get('activePods')} "
-                         f"nodeSelector={vmi['spec'].get('nodeSelector')} affinity={vmi['spec'].get('affinity')}")  # fmt: skip
+            status, spec = vmi.get("status", {}), vmi["spec"]
+            lines.append(
+                f"VMI {vmi['metadata']['name']}: phase={status.get('phase')} node={status.get('nodeName')} "
+                f"activePods={status.get('activePods')} nodeSelector={spec.get('nodeSelector')} "
+                f"affinity={spec.get('affinity')}"
+            )
         for pod in self.request("GET", PODS.format(ns=namespace))["items"]:
             conditions = {c["type"]: c.get("message") or c["status"] for c in pod["status"].get("conditions", [])}
-            lines.append(f"pod {pod['metadata']['name']}: phase={pod['status'].get('phase')} "
-                         f"node={pod['spec'].get('nodeName')} conditions={conditions} "
-                         f"nodeSelector={pod['spec'].get('nodeSelector')} affinity={pod['spec'].get('affinity')}")  # fmt: skip
+            spec = pod["spec"]
+            lines.append(
+                f"pod {pod['metadata']['name']}: phase={pod['status'].get('phase')} node={spec.get('nodeName')} "
+                f"conditions={conditions} nodeSelector={spec.get('nodeSelector')} affinity={spec.get('affinity')}"
+            )
         for name, gpu in sorted(self.gpus(namespace).items()):
             status = gpu.get("status") or {}
-            notes = {k: v for k, v in (gpu["metadata"].get("annotations") or {}).items() if k.startswith("gpuplane.io/")}
+            notes = {
+                k: v for k, v in (gpu["metadata"].get("annotations") or {}).items() if k.startswith("gpuplane.io/")
+            }
             lines.append(f"GPU {name}: {status.get('phase')} on {status.get('node')}: {status.get('reason')} {notes}")
         return "\n".join(lines)
 
-    def install_launcher_policy(self) -> None:
-        """deploy/'s launcher policy (a ValidatingAdmissionPolicy and its binding), applied as
-        deployed; waits until a tenant's dry-run pod naming a VMI as controller is refused."""
-        for doc in launcher_policy():
+    def install_policies(self) -> None:
+        """deploy/'s admission policies as deployed: the launcher policy (a ValidatingAdmissionPolicy),
+        the pin and finalizer policies (MutatingAdmissionPolicies), each with its binding; waits
+        until a tenant's dry-run pod naming a VMI as controller is refused."""
+        for doc in admission_policies():
             self.plane.apply(doc)
         wait_for(lambda: not self._forged_pod_accepted(), 30, "the launcher policy in force")
 
     def remove_launcher_policy(self) -> None:
-        for doc in reversed(launcher_policy()):
+        for doc in reversed([d for d in admission_policies() if d["kind"].startswith("Validating")]):
             with contextlib.suppress(ApiError):
                 self.request("DELETE", _policy_path(doc))
         wait_for(self._forged_pod_accepted, 30, "the launcher policy gone")
@@ -365,14 +382,24 @@ class VmCluster:
         return True
 
 
-def launcher_policy() -> list[dict[str, Any]]:
-    return [d for d in overlay("cluster") if d["kind"].startswith("ValidatingAdmissionPolicy")]
+def admission_policies() -> list[dict[str, Any]]:
+    """deploy/'s admission policies and their bindings (cluster-scoped: no namespace)."""
+    docs = [d for d in overlay("cluster") if "AdmissionPolicy" in d["kind"]]
+    for doc in docs:
+        doc["metadata"].pop("namespace", None)
+    return docs
+
+
+_POLICY_PLURALS = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+}
 
 
 def _policy_path(doc: dict[str, Any]) -> str:
-    plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else (
-        "validatingadmissionpolicybindings")  # fmt: skip
-    return f"/apis/admissionregistration.k8s.io/v1/{plural}/{doc['metadata']['name']}"
+    return f"/apis/admissionregistration.k8s.io/v1/{_POLICY_PLURALS[doc['kind']]}/{doc['metadata']['name']}"
 
 
 def _clean(doc: dict[str, Any]) -> dict[str, Any]:
@@ -547,7 +574,7 @@ class Gpuplane:
                 workers.webhook_server(env, self.workdir, scheme="https", probe_http=False)
             )
             register_webhook(plane, self.url)
-            self.cluster.install_launcher_policy()
+            self.cluster.install_policies()
         except BaseException:
             self.stop()
             raise

@@ -104,6 +104,42 @@ def test_a_bound_set_is_allowed_with_a_patch_pinning_the_node_and_raw_devicename
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_bound_set_writes_admitted_on_its_first_member_before_the_pin(client: Client) -> None:
+    """The webhook's end of "admission and moves exclude each other": the first member by name
+    (g0) carries when the VMI was admitted; a dry run writes nothing."""
+    cluster(*vm1_set(phase="Bound", node="n2"))
+    body = review(new_vmi("t1", "vm1", ["g0", "g1"]), dryRun=True)
+    allowed_patch(post(client, body), body)
+    assert devices()["g0"].admitted is None
+    body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
+    patched = allowed_patch(post(client, body), body)
+    assert patched["metadata"]["annotations"]["gpuplane.io/pinned"] == "n2"
+    assert devices()["g0"].admitted is not None and devices()["g1"].admitted is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"ready": False}, "which is NotReady: its launcher could not start there"),
+        ({"unschedulable": True}, "which is cordoned: kube-scheduler places no new pod there"),
+    ],
+    ids=["not-ready", "cordoned"],
+)
+def test_a_bound_set_on_a_node_that_cannot_start_its_launcher_is_refused_saying_why(
+    client: Client, change: dict[str, Any], words: str
+) -> None:
+    """A set keeps its node while the node takes nothing new, but a VMI pinned there would wait
+    for a launcher kube-scheduler never places (and the set may move away meanwhile)."""
+    cluster(*vm1_set(phase="Bound", node="n2"))
+    models.Node.objects.filter(name="n2").update(**change)
+    body = review(new_vmi("t1", "vm1", ["g0", "g1"]))
+    message = denied(post(client, body), body)
+    assert "its GPUs are held on node n2" in message and words in message, message
+    assert devices()["g0"].admitted is None
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_patched_vmi_reviewed_again_is_allowed_untouched(client: Client) -> None:
     """With ``reinvocationPolicy: IfNeeded`` the apiserver may call again with our own
     result: it names raw resources only, so it passes untouched."""

@@ -253,8 +253,9 @@ def test_service_and_deployment_match_the_webhook() -> None:
     docs = deploy_docs()
     service, deployment = docs["Service"], docs["Deployment"]
     assert (service["metadata"]["name"], service["metadata"]["namespace"]) == (SERVICE, NAMESPACE)
-    (port,) = service["spec"]["ports"]
-    assert port["port"] == 443
+    # The webhook, and the server's own /metrics beside it (docs/webhook.md).
+    port, metrics = service["spec"]["ports"]
+    assert port["port"] == 443 and (metrics["name"], metrics["targetPort"]) == ("metrics", "metrics")
 
     template = deployment["spec"]["template"]
     assert deployment["metadata"]["namespace"] == NAMESPACE
@@ -262,7 +263,8 @@ def test_service_and_deployment_match_the_webhook() -> None:
     assert service["spec"]["selector"].items() <= labels.items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (container,) = template["spec"]["containers"]
-    (container_port,) = container["ports"]
+    container_port, metrics_port = container["ports"]
+    assert metrics_port == {"name": "metrics", "containerPort": metrics["port"]}
     assert port["targetPort"] in (container_port["name"], container_port["containerPort"])
     assert container_port["containerPort"] == 8443
     assert container["command"] == ["python", "deploy/webhook_server.py"]

@@ -33,6 +33,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         try:
             runners, applied = self.first_list(stop, show=not options["no_progress"])
+        except sync.MissingApi as exc:
+            raise CommandError(f"cannot list the cluster: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any failure of the first list is the command's error
             raise CommandError(f"cannot list the cluster: {describe(exc)}") from None
         for kind, result in applied.items():

@@ -60,12 +60,14 @@ envFrom:
       name: {{ include "gpuplane.fullname" . }}-settings
 {{- end -}}
 
+{{/* The container securityContext: the global `securityContext` under the component's
+     (.root, .values). */}}
 {{- define "gpuplane.containerSecurity" -}}
+{{- $merged := mustMergeOverwrite (deepCopy (.root.Values.securityContext | default dict)) (deepCopy (.values.securityContext | default dict)) -}}
+{{- with $merged -}}
 securityContext:
-  allowPrivilegeEscalation: false
-  readOnlyRootFilesystem: true
-  capabilities:
-    drop: [ALL]
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpuplane.scratchMounts" -}}
@@ -75,47 +77,77 @@ securityContext:
   mountPath: /tmp
 {{- end -}}
 
+{{/* The scratch volumes and the extra ones (global, then the component's): .root, .values. */}}
 {{- define "gpuplane.scratchVolumes" -}}
 - name: var
   emptyDir: {}
 - name: tmp
   emptyDir: {}
+{{- with .root.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
-{{/* Pod-level security; "fsGroup" adds the group that makes mounted Secrets readable. */}}
+{{/* The extra environment and mounts of every gpuplane container: .root, .values. */}}
+{{- define "gpuplane.extraEnv" -}}
+{{- with .root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuplane.extraMounts" -}}
+{{- with .root.Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level security: the global `podSecurityContext` under the component's (.root, .values).
+     A key set to null in the global one is dropped (OpenShift assigns the IDs itself). */}}
 {{- define "gpuplane.podSecurity" -}}
+{{- $merged := mustMergeOverwrite (deepCopy (.root.Values.podSecurityContext | default dict)) (deepCopy (.values.podSecurityContext | default dict)) -}}
+{{- with $merged }}
 securityContext:
-  runAsNonRoot: true
-  runAsUser: 10001
-  runAsGroup: 10001
-  {{- if (get . "fsGroup") }}
-  # The Secret's files are root-owned: the group makes them readable by the server.
-  fsGroup: 10001
-  {{- end }}
-  seccompProfile:
-    type: RuntimeDefault
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
-{{/* Waits (by failing and being restarted) until the beat pod has applied the migrations. */}}
+{{/* Waits (by failing and being restarted) until the beat pod has applied the migrations: .root, .values. */}}
 {{- define "gpuplane.waitForMigrations" -}}
+{{- $root := .root -}}
 # Waits (by failing and being restarted) until the gpuplane-beat pod has applied the
 # migrations this image needs.
 - name: wait-for-migrations
-  image: {{ include "gpuplane.image" . }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  image: {{ include "gpuplane.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
   command: ["python", "manage.py", "migrate", "--check"]
-  {{- include "gpuplane.envFrom" . | nindent 2 }}
+  {{- include "gpuplane.envFrom" $root | nindent 2 }}
   env:
-    {{- include "gpuplane.secretEnv" . | nindent 4 }}
+    {{- include "gpuplane.secretEnv" $root | nindent 4 }}
+    {{- with include "gpuplane.extraEnv" . | trim }}{{ . | nindent 4 }}{{ end }}
   {{- include "gpuplane.containerSecurity" . | nindent 2 }}
   volumeMounts:
     {{- include "gpuplane.scratchMounts" . | nindent 4 }}
+    {{- with include "gpuplane.extraMounts" . | trim }}{{ . | nindent 4 }}{{ end }}
 {{- end -}}
 
-{{/* nodeSelector, tolerations, affinity and pull secrets of a component's pods:
+{{/* What every pod spec of a component shares: priority, securityContext, nodeSelector,
+     tolerations, affinity, topology spread and pull secrets:
      .root, .values (the component's values), .component, .spread (default anti-affinity). */}}
 {{- define "gpuplane.scheduling" -}}
 {{- $root := .root -}}
+{{- with (.values.priorityClassName | default $root.Values.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- include "gpuplane.podSecurity" . }}
 {{- with (.values.nodeSelector | default $root.Values.nodeSelector) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -139,8 +171,31 @@ affinity:
             matchLabels:
               {{- include "gpuplane.selectorLabels" (dict "root" $root "component" .component) | nindent 14 }}
 {{- end }}
+{{- with (.values.topologySpreadConstraints | default $root.Values.topologySpreadConstraints) }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A component's pod labels: the chart's, the global `podLabels`, the component's: .root, .values, .component. */}}
+{{- define "gpuplane.podLabels" -}}
+{{ include "gpuplane.labels" (dict "root" .root "component" .component) }}
+{{- with .root.Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A ServiceAccount's annotations: .values. */}}
+{{- define "gpuplane.serviceAccountAnnotations" -}}
+{{- with (.values.serviceAccount | default dict).annotations }}
+annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
@@ -166,6 +221,8 @@ annotations:
 {{- $hosts = append $hosts (printf "%s-api.%s.svc.cluster.local" $full $ns) -}}
 {{- $hosts = append $hosts "localhost" -}}
 {{- $hosts = concat $hosts .Values.allowedHosts -}}
+{{- if .Values.ingress.enabled }}{{ $hosts = concat $hosts .Values.ingress.hosts }}{{ end -}}
+{{- $hosts = uniq $hosts -}}
 {{- join "," $hosts -}}
 {{- end -}}
 
@@ -175,4 +232,48 @@ runbook_url: {{ printf "%s#%s" .base .anchor | quote }}
 {{- else -}}
 runbook: {{ printf "docs/operations.md#%s" .anchor | quote }}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" where a `true | false | auto` value says to render something that needs the API
+     `.api` (auto: where the cluster serves it): .value, .api, .root. */}}
+{{- define "gpuplane.wanted" -}}
+{{- $mode := toString .value -}}
+{{- if eq $mode "true" }}true{{ else if eq $mode "auto" }}{{ if .root.Capabilities.APIVersions.Has .api }}true{{ end }}{{ else if ne $mode "false" }}{{ fail (printf "%s must be auto, true or false, not %q" .name $mode) }}{{ end -}}
+{{- end -}}
+
+{{- define "gpuplane.serviceMonitor" -}}
+{{- include "gpuplane.wanted" (dict "value" .Values.metrics.serviceMonitor.enabled "api" "monitoring.coreos.com/v1/ServiceMonitor" "root" . "name" "metrics.serviceMonitor.enabled") -}}
+{{- end -}}
+
+{{- define "gpuplane.prometheusRule" -}}
+{{- include "gpuplane.wanted" (dict "value" .Values.metrics.prometheusRule.enabled "api" "monitoring.coreos.com/v1/PrometheusRule" "root" . "name" "metrics.prometheusRule.enabled") -}}
+{{- end -}}
+
+{{/* The webhook's `preStop`: keep serving while the endpoints drop the pod. */}}
+{{- define "gpuplane.preStop" -}}
+{{- if . -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", "{{ . }}"]
+{{- end }}
+{{- end -}}
+
+{{/* The annotations of the certificate Job's hook objects, with their weight. */}}
+{{- define "gpuplane.certificateHook" -}}
+helm.sh/hook: pre-install,pre-upgrade,post-install,post-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
+{{/* The annotations of the CRD upgrade's hook objects, with their weight. */}}
+{{- define "gpuplane.crdHook" -}}
+helm.sh/hook: pre-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
+{{/* The Secret of the serving certificate: `secrets.webhookTLS.existingSecret`, else <prefix>-webhook-tls. */}}
+{{- define "gpuplane.tlsSecret" -}}
+{{- .Values.secrets.webhookTLS.existingSecret | default (printf "%s-webhook-tls" (include "gpuplane.fullname" .)) -}}
 {{- end -}}

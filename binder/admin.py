@@ -347,6 +347,19 @@ class GpuBudgetAdmin(MirrorAdmin):
         )
 
 
+@admin.register(models.VirtualMachine)
+class VirtualMachineAdmin(MirrorAdmin):
+    """KubeVirt VirtualMachines: where each VM may start (making room moves a stopped VM's set only there)."""
+
+    list_display = ["name", "namespace", "node_selector", "affinity_terms", "parse_error"]
+    list_filter = [ParseErrorFilter, "namespace"]
+    search_fields = ["name", "uid", "namespace__name"]
+
+    @admin.display(description="required node affinity")
+    def affinity_terms(self, obj: models.VirtualMachine) -> str:
+        return "none" if obj.affinity is None else f"{len(obj.affinity)} term(s)"
+
+
 @admin.register(models.VirtualMachineInstance)
 class VmiAdmin(MirrorAdmin):
     list_display = ["name", "namespace", "phase", "node_name", "active_pod_count", "parse_error"]

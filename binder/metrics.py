@@ -142,6 +142,8 @@ class DatabaseCollector(Collector):
                 **{f"sum_{o}": Sum(o) for o in OUTCOMES},
                 **_bucket_counts("duration_ms", PASS_BUCKETS_MS),
                 mismatches=Sum("verify_mismatches"),
+                made_room=Sum("made_room"),
+                room_refused=Sum("room_refused"),
             )
         }
         mismatches = CounterMetricFamily(
@@ -170,10 +172,24 @@ class DatabaseCollector(Collector):
             for outcome in OUTCOMES:
                 outcomes.add_metric([kind, outcome], row.get(f"sum_{outcome}") or 0)
             duration.add_metric([kind], _buckets(row, PASS_BUCKETS_MS), (row["observed_sum"] or 0) / 1000)
+        made_room = CounterMetricFamily(
+            "gpuplane_room_moves",
+            "Sets of stopped VMs a full pass moved to another node to make room for a waiting set "
+            "(SPEC 4 Making room; also counted as moved in gpuplane_pass_outcomes).",
+        )
+        made_room.add_metric([], sum(row.get("made_room") or 0 for row in rows.values()))
+        room_refused = CounterMetricFamily(
+            "gpuplane_room_plans_refused",
+            "Waiting sets whose plan to make room would have moved more sets than GPUPLANE_MOVES_PER_PASS "
+            "left in the pass, so no room was made for them in it (counted again in every such pass).",
+        )
+        room_refused.add_metric([], sum(row.get("room_refused") or 0 for row in rows.values()))
         yield passes
         yield outcomes
         yield duration
         yield mismatches
+        yield made_room
+        yield room_refused
 
     def answer_metrics(self) -> Iterator[Metric]:
         """Answered bind requests and how long the webhook waited: one GROUP BY allowed query."""

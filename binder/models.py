@@ -215,6 +215,9 @@ class GpuDevice(NamespacedMirror):
         blank=True,
         help_text="gpuplane.io/admitted: when the webhook last pinned a VMI to this set (its first member only)",
     )
+    keep_node = models.BooleanField(
+        default=False, help_text='gpuplane.io/keep-node: "true": making room never moves this set off its node'
+    )
     created = models.DateTimeField(null=True, blank=True)
     resource_version = resource_version_field()
 
@@ -266,6 +269,30 @@ class GpuBudget(NamespacedMirror):
     class Meta(NamespacedMirror.Meta):
         verbose_name = "GPU budget"
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_budget_per_namespace")]
+
+
+class VirtualMachine(NamespacedMirror):
+    """A KubeVirt VirtualMachine: where its template says the VM may start. A stopped VM's set
+    may move to make room (``binder.engine.making_room``) only where its next start can follow."""
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="virtual_machines")
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    node_selector = models.JSONField(default=dict, blank=True, help_text="spec.template.spec.nodeSelector")
+    affinity = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="the template's required node affinity: its nodeSelectorTerms (null: none)",
+    )
+    tolerations = models.JSONField(default=list, blank=True, help_text="spec.template.spec.tolerations")
+    created = models.DateTimeField(null=True, blank=True)
+
+    parse_error = parse_error_field()
+
+    class Meta(NamespacedMirror.Meta):
+        verbose_name = "VirtualMachine"
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_vm_per_namespace")]
+        indexes = [models.Index(fields=["name"], name="vm_name_idx")]  # as GpuDevice's device_name_idx
 
 
 class VirtualMachineInstance(NamespacedMirror):
@@ -343,6 +370,10 @@ class PassRun(models.Model):
     lost = models.IntegerField(default=0)
     refused = models.IntegerField(default=0)
     restored = models.IntegerField(default=0)
+    made_room = models.IntegerField(default=0, help_text="sets moved to make room for a waiting set (full passes)")
+    room_refused = models.IntegerField(
+        default=0, help_text="waiting sets whose plan to make room GPUPLANE_MOVES_PER_PASS refused (full passes)"
+    )
     skipped = models.CharField(max_length=128, blank=True, help_text="why the pass placed nothing")
     records_opened = models.IntegerField(default=0, help_text="usage records opened (full passes only)")
     records_closed = models.IntegerField(default=0, help_text="usage records closed (full passes only)")

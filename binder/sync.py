@@ -251,6 +251,8 @@ class KindSync:
         self.watch_seconds = watch_seconds
         self.backoff = backoff
         self.resource_version = ""
+        #: An optional kind the API server does not serve (its last list answered 404).
+        self.absent = False
         # Events whose rows a pass held when they came (see mirror_objects' defer_held),
         # newest per object, and the ones being applied now; guarded by ``_held``.
         self._deferred: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -264,6 +266,11 @@ class KindSync:
             if exc.status == 404:
                 raise MissingApi(self.kind) from None
             raise
+        if not listing.served and not self.absent:
+            # An optional kind (binder.kube.kinds.Kind.optional) the cluster does not serve.
+            log.warning("sync: the API server does not serve %s (no CRD?): none mirrored; listing again later",
+                        self.kind)  # fmt: skip
+        self.absent = not listing.served
         applied = mirror_list(self.kind, listing.items, progress, list_version=listing.resource_version)
         add_finalizers(self.kind, listing.items)
         self.resource_version = listing.resource_version
@@ -294,7 +301,11 @@ class KindSync:
         into the next batch, one transaction and one ``SyncStatus`` update for all of them
         (:meth:`apply_events`). A quiet cluster gets each event on its own, at once; a busy
         one (thousands of GPUs created, a pass's status writes coming back) gets batches as
-        large as the backlog, up to :data:`WATCH_BATCH`."""
+        large as the backlog, up to :data:`WATCH_BATCH`. A kind the API server does not serve
+        (``absent``) is not watched: it is listed again at the deadline."""
+        if self.absent:
+            self.stop.wait(max(0.0, deadline - time.monotonic()))
+            return
         while not self.stop.is_set() and time.monotonic() < deadline:
             timeout = max(1, min(self.watch_seconds, int(deadline - time.monotonic()) + 1))
             stream = WatchStream(self.kind, apiserver.api().watch(self.kind, self.resource_version, timeout))

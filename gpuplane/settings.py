@@ -312,8 +312,11 @@ GPUPLANE_BIND_WAIT_SECONDS = env_float("GPUPLANE_BIND_WAIT_SECONDS", 8.0, minimu
 #: at once, writing nothing, so a flood of new orders leaves threads for the rest.
 GPUPLANE_WEBHOOK_MAX_WAITING = env_int("GPUPLANE_WEBHOOK_MAX_WAITING", 0)
 GPUPLANE_NODE_GRACE_SECONDS = env_int("GPUPLANE_NODE_GRACE_SECONDS", 300)
-#: A set the webhook admitted a VMI to this recently counts as starting: no pass moves it.
-GPUPLANE_MOVE_GRACE_SECONDS = env_int("GPUPLANE_MOVE_GRACE_SECONDS", 120, minimum=0)
+#: Making room: at most this many stopped VMs' sets move in one full pass (0: none move).
+GPUPLANE_MOVES_PER_PASS = env_int("GPUPLANE_MOVES_PER_PASS", 16)
+#: A set the webhook admitted a VMI to less than this long ago does not move to make room (and
+#: an over-booked node keeps it for the first 10 s of that: its VMI may not be mirrored yet).
+GPUPLANE_MOVE_GRACE_SECONDS = env_int("GPUPLANE_MOVE_GRACE_SECONDS", 120)
 #: Billing rates per class (or raw resource) key per GPU-hour for the usage chart's ranked
 #: table and billing CSV, e.g. "h100=2.50,a10=0.60"; the page's "rates" field overrides it.
 GPUPLANE_BILLING_RATES = os.environ.get("GPUPLANE_BILLING_RATES", "")

@@ -18,13 +18,16 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from binder.engine.accounting import Ledger, ledger_for
 from binder.engine.choices import choices_of, disagreement, has_alternatives, reclassed
 from binder.engine.fit import budget_refusal, refuses_new, requested_selector_mismatch
 from binder.engine.ledger_records import Holding, SetKey
-from binder.engine.lending import set_id
+from binder.engine.lending import Lending, set_id
 from binder.engine.limits import effective_limits
+from binder.engine.making_room import MakingRoom
+from binder.engine.pass_placing import PlacingPass
 from binder.engine.reasons import Code
 from binder.engine.types import Cluster, Device, GpuClass, Node, Phase
 
@@ -114,6 +117,11 @@ class Explanation:
     reclaim: str = ""
     """While the last pass said the set waits for reclaim (its code): the borrowed sets
     marked for it now and where, from their marks."""
+    room: str = ""
+    """Making room: the stopped VMs' sets a pass would move now so the set fits, and where
+    (``t1/b (to n2), t1/a (to n2) off n1``); empty when no such plan exists."""
+    room_over_limit: bool = False
+    """The plan moves more sets than ``GPUPLANE_MOVES_PER_PASS`` allows in one pass."""
 
     @property
     def key(self) -> SetKey:
@@ -139,6 +147,16 @@ class Explanation:
                 text += "; no node that may take it offers that many"
             parts.append(text)
         return "; ".join(parts)
+
+    @property
+    def room_note(self) -> str:
+        """What making room would move for it now (empty: nothing would)."""
+        if not self.room or self.problems:
+            return ""
+        if self.room_over_limit:
+            return (f"making room would move {self.room}: more sets than GPUPLANE_MOVES_PER_PASS lets one pass "
+                    "move, so no pass does it (raise the setting, or move some yourself)")  # fmt: skip
+        return f"would fit by making room: moving {self.room} (stopped VMs' sets; the next full pass does it)"
 
     @property
     def vmi_note(self) -> str:
@@ -167,6 +185,8 @@ class Explanation:
         lines = [self.summary]
         if self.vmi_note:
             lines.append(self.vmi_note)
+        if self.room_note:
+            lines.append(self.room_note)
         if self.steps:
             lines.append("would fit: " + "; ".join(self.steps))
         return "\n".join(line for line in lines if line)
@@ -220,6 +240,7 @@ class Explainer:
     )
 
     def __post_init__(self) -> None:
+        self._room: MakingRoom | None = None
         self.classes: dict[str, GpuClass] = {c.name: c for c in self.cluster.classes}
         self.nodes: dict[str, Node] = {n.name: n for n in self.cluster.nodes}
         self.vmis = {(v.namespace, v.name): v for v in self.cluster.vmis}
@@ -282,7 +303,27 @@ class Explainer:
             reason=waiting[0].reason if waiting else "",
             reason_code=code,
             reclaim=self._marked_for(key) if code == Code.WAITS_FOR_RECLAIM else "",
+            **self._room_plan(key, problems, code),
         )
+
+    def _room_plan(self, key: SetKey, problems: list[str], code: str) -> dict[str, Any]:
+        """The plan making room would carry out for the set now (``binder.engine.making_room``:
+        the same rule over this snapshot, nothing moved), as :class:`Explanation` fields."""
+        settings = self.cluster.settings
+        if (
+            problems
+            or code == Code.WAITS_FOR_RECLAIM
+            or not self.cluster.virtual_machines
+            or settings.moves_per_pass <= 0
+        ):
+            return {}
+        if self._room is None:
+            run = PlacingPass(self.cluster, ledger=self.ledger)
+            self._room = MakingRoom(run, Lending(run))
+        plan = self._room.plan(key)
+        if plan is None:
+            return {}
+        return {"room": plan.describe(), "room_over_limit": len(plan.moves) > settings.moves_per_pass}
 
     def _marked_for(self, key: SetKey) -> str:
         """``t1/a, t1/b on n1, borrowed and marked for it, waits for its VM to stop``: the

@@ -66,6 +66,9 @@ class Lending:
         self.released_for: dict[SetKey, str] = {}
         #: Whether the pass sees every unsettled set (a full pass) or only requested ones.
         self.whole_view = True
+        #: Nodes chosen for a waiting set in this pass (reclaim's marks): making room takes
+        #: none of them, and sends no set there.
+        self.chosen: set[str] = set()
         self._allocatable_memo: dict[tuple[int, str], int] = {}
 
     @property
@@ -403,7 +406,7 @@ class Lending:
         waiting = [*self.lost_sets()]
         waiting.extend(k for k in waiting_orders if all(d.phase is Phase.PENDING for d in run.members(k)))
         marks: dict[SetKey, str] = {}
-        chosen: set[str] = set()
+        chosen = self.chosen
         ready: list[SetKey] = []
         for key in waiting:
             plan = self.reclaim_plan(key, chosen, marks)

@@ -3,38 +3,19 @@
 The webhook checks a VMI's own required node affinity against the node holding its GPUs
 before pinning it there (a pin never silently overrides the user's constraints); the
 binder may check a requested placement the same way. Pure: the standard library and the
-engine's :class:`~binder.engine.types.Node` only.
+engine's :class:`~binder.engine.types.Node` only (the requirement and term records live
+with the engine's other records, re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from binder.engine.types import Node
+from binder.engine.types import NAME_FIELD, Node, Requirement, Term
 
-#: The node field a required node affinity pins by (the only field the scheduler supports).
-NAME_FIELD = "metadata.name"
 #: Node selector requirement operators (core/v1 NodeSelectorOperator) and the field ones.
 LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 FIELD_OPERATORS = frozenset({"In", "NotIn"})
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    """One node selector requirement (``matchExpressions`` on labels, ``matchFields`` on fields)."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Term:
-    """One ``nodeSelectorTerms`` entry: its requirements are ANDed; terms are ORed."""
-
-    expressions: tuple[Requirement, ...] = ()
-    fields: tuple[Requirement, ...] = ()
 
 
 def label_requirement_holds(req: Requirement, labels: Mapping[str, str]) -> bool:

@@ -70,6 +70,9 @@ class PassState:
         #: Each changed set's members as the pass found them, taken at its first change.
         self._before: dict[SetKey, tuple[Device, ...]] = {}
         self.budgets = cluster.budgets
+        #: The VMIs and VirtualMachines as read (making room asks which stopped VMs exist).
+        self.vmis = cluster.vmis
+        self.virtual_machines = cluster.virtual_machines
         self.ledger = ledger if ledger is not None else ledger_for(cluster)
         self._set_keys = sorted(set(scope) if scope is not None else {d.set_key for d in cluster.devices})
         self._in_scope = set(self._set_keys)
@@ -84,6 +87,10 @@ class PassState:
         #: Sets this pass could not place (counted once, however many sweeps tried them).
         self.refused: set[SetKey] = set()
         self.answered: list[tuple[str, str]] = []
+        #: Making room: waiting set -> the sets moved for it, in the order taken.
+        self.room_plans: dict[SetKey, tuple[SetKey, ...]] = {}
+        #: Making room: when the first set kept in place by its admission grace may move.
+        self.wake_at: datetime | None = None
         #: Set when a growing set moved whole this sweep, freeing its old node's units.
         self.room_freed = False
         #: Lending rules apply: some budget names a borrowing, or some set holds borrowed GPUs
@@ -119,6 +126,13 @@ class PassState:
 
     def members(self, key: SetKey) -> tuple[Device, ...]:
         return self.ledger.devices(key)
+
+    def placed_in_pass(self, key: SetKey) -> bool:
+        """Whether this pass placed or moved some member of the set (its phase or node changed)."""
+        before = self._before.get(key)
+        if before is None:
+            return False
+        return {(d.name, d.phase, d.node) for d in before} != {(d.name, d.phase, d.node) for d in self.members(key)}
 
     def limits(self, namespace: str) -> Limits:
         """The tenant's effective limits (budgets do not change within a pass: worked out once)."""
@@ -446,6 +460,8 @@ class PassState:
             budget_used=budget_used,
             answered=tuple(self.answered),
             budget_borrowed=budget_borrowed,
+            room_plans=dict(self.room_plans),
+            wake_at=self.wake_at,
         )
 
     def class_status(self) -> dict[str, ClassStatus]:

@@ -29,6 +29,7 @@ from binder.engine.fit import (
 )
 from binder.engine.ledger_records import SetKey
 from binder.engine.lending import Lending
+from binder.engine.making_room import MakingRoom
 from binder.engine.pass_placing import PlacingPass
 from binder.engine.reasons import Code, refusal
 from binder.engine.types import (
@@ -82,6 +83,7 @@ def full_pass(
                 break
             run.rebind_lost_sets()
         run.bind_orders()
+        run.room.make_room()
         run.answer_requests(run.set_keys())
     return run.result()
 
@@ -143,7 +145,9 @@ class _Pass(PlacingPass):
        set (``bind_order``, ``rebind``, ``grow``).
 
     On top, this class: the steps of a pass in order (restore, move, rebind, bind,
-    answer) with ``gather``, ``relieve`` and ``move_off_unfit_nodes``. Beside it, the
+    answer) with ``gather``, ``relieve`` and ``move_off_unfit_nodes``. Beside it, making
+    room (:class:`~binder.engine.making_room.MakingRoom`, :attr:`room`: moving stopped VMs'
+    sets so a waiting set fits, after reclaim) is a second collaborator like lending, and the
     lending rules (:class:`~binder.engine.lending.Lending`, ``lending``: borrowing beyond
     a budget, repaying, reclaim marks and releases) are an object the pass holds
     (:attr:`lender`) and hands this working state, as Kueue's scheduler holds its
@@ -169,6 +173,8 @@ class _Pass(PlacingPass):
         super().__init__(cluster, ledger, cache, scope)
         #: The lending rules, over this pass's working state.
         self.lender = Lending(self)
+        #: Making room (after reclaim, in full passes): moving stopped VMs' sets, beside lending.
+        self.room = MakingRoom(self, self.lender)
 
     # -- step 1: restore sets ------------------------------------------------------------
 

@@ -57,6 +57,8 @@ class Code(StrEnum):
     #: Kept on an over-booked node: its VMI is pinned there, so its launcher waits for the
     #: units raw pods took (moving the set would strand the VMI on a node without its GPUs).
     CROWDED = "Crowded"
+    #: A stopped VM's set moved to another node to make room for a waiting set (named).
+    MADE_ROOM = "MadeRoom"
 
 
 #: The word every Pending reason starts with: how a sentence that names the phase itself

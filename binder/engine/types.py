@@ -166,6 +166,27 @@ class Toleration:
         return out
 
 
+#: The node field a required node affinity pins by (the only field the scheduler supports).
+NAME_FIELD = "metadata.name"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node selector requirement (``matchExpressions`` on labels, ``matchFields`` on fields)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One ``nodeSelectorTerms`` entry: its requirements are ANDed; terms are ORed."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class GpuClass:
     """A kind of GPU a tenant may order: which raw node resource it takes and how much,
@@ -239,6 +260,9 @@ class Device:
     last allowed a VMI pinned to where the set is Bound. Its write and a pass's move of the
     set exclude each other (each is conditioned on the version it read), so a record that
     differs from the one a pass decided from makes the pass leave the set where it is."""
+    keep_node: bool = False
+    """The ``gpuplane.io/keep-node: "true"`` annotation: the VM is tied to its node (node-local
+    storage, say), so its set is never moved to make room for another."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -292,6 +316,7 @@ class Device:
             self.reclaim_for if reclaim_for is None else reclaim_for,
             self.reason_code if reason_code is None else reason_code,
             self.admitted,
+            self.keep_node,
         )
 
 
@@ -321,6 +346,26 @@ class Vmi:
     node: str = ""
     phase: str = ""
     device_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualMachine:
+    """The parts of a KubeVirt VirtualMachine making room reads: where its template says the
+    VM may start (the VMI it creates carries these), so a stopped VM's set moves only where
+    its next start can follow.
+
+    ``affinity`` is the template's required node affinity terms (ORed), None when it has
+    none; an empty tuple is a required affinity no node satisfies."""
+
+    namespace: str
+    name: str
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity: tuple[Term, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,10 +405,13 @@ class Settings:
     enabled: bool = True
     node_grace_seconds: int = 300
     default_budget: DefaultBudget = DefaultBudget.UNLIMITED
+    moves_per_pass: int = 16
+    """``GPUPLANE_MOVES_PER_PASS``: at most this many sets move in one pass to make room."""
     move_grace_seconds: int = 120
-    """A set admitted (``Device.admitted``) this recently is not moved to make room; an
-    over-booked node keeps it for at most ``pass_state.VMI_MIRRORED_SECONDS`` of that (its VMI
-    may not be mirrored yet, and a move would leave it pinned where the set is not)."""
+    """``GPUPLANE_MOVE_GRACE_SECONDS``: a set admitted (``Device.admitted``) more recently than
+    this does not move to make room (its VM is probably starting); an over-booked node keeps it
+    for at most ``pass_state.VMI_MIRRORED_SECONDS`` of that (its VMI may not be mirrored yet, and
+    a move would leave it pinned where the set is not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +426,7 @@ class Cluster:
     vmis: tuple[Vmi, ...] = ()
     pods: tuple[Pod, ...] = ()
     settings: Settings = field(default_factory=Settings)
+    virtual_machines: tuple[VirtualMachine, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +482,14 @@ class PassResult:
     budget_borrowed: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
     """GPUBudget ``status.borrowed`` per budget: units of the tenant's borrowed sets per key
     (keys with zero left out), beside ``budget_used``."""
+    room_plans: Mapping[tuple[str, str], tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Making room: each waiting set (namespace, VM) room was made for, with the sets moved for
+    it in the order taken. A move that does not land leaves the sets after it where they are,
+    and the waiting set unplaced (``binder.runtime.admissions``)."""
+    wake_at: datetime | None = None
+    """The earliest moment a set this pass left in place only because the webhook admitted a VMI
+    to it within ``GPUPLANE_MOVE_GRACE_SECONDS`` may move to make room: a later pass may decide
+    otherwise with nothing changed (the "nothing changed" rule reads it)."""
 
 
-quick_records(Taint, Toleration, GpuClass, Node, Device, Budget, Vmi, Pod, Change)
+quick_records(Taint, Toleration, GpuClass, Node, Device, Budget, Vmi, Pod, Change, VirtualMachine)

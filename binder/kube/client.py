@@ -75,6 +75,8 @@ class Listing:
 
     items: list[dict[str, Any]]
     resource_version: str
+    served: bool = True
+    """False: the API server does not serve this optional kind (its CRD is not installed)."""
 
 
 class KubeApi:
@@ -120,7 +122,12 @@ class KubeApi:
         """Every object of ``kind`` cluster-wide, and the list's resourceVersion."""
         resource = RESOURCES[kind]
         query = [("labelSelector", label_selector)] if label_selector else []
-        body = self._call("GET", resource.path(), query=query)
+        try:
+            body = self._call("GET", resource.path(), query=query)
+        except client.ApiException as exc:
+            if exc.status == 404 and resource.optional:
+                return Listing([], "", served=False)
+            raise
         items = [self._typed(resource, item) for item in body.get("items") or []]
         return Listing(items, str((body.get("metadata") or {}).get("resourceVersion") or ""))
 

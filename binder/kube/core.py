@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from binder.engine.matching import FIELD_OPERATORS, LABEL_OPERATORS
 from binder.kube.fields import (
     KIND_MAX,
     NAME_MAX,
@@ -198,6 +199,93 @@ def parse_vmi(obj: Mapping[str, Any]) -> Parsed:
             "phase": r.string("status.phase", max_length=PHASE_MAX),
         },
     )
+
+
+#: The required node affinity's key in ``affinity.nodeAffinity``.
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+#: Label keys (a prefix, a slash, a name) and values, as the API server limits them.
+LABEL_KEY_MAX = NAME_MAX + 63 + 1
+LABEL_VALUE_MAX = 63
+
+
+def parse_virtual_machine(obj: Mapping[str, Any]) -> Parsed:
+    """A KubeVirt VirtualMachine: where its template says the VM may start (the template's
+    ``nodeSelector``, required node affinity and ``tolerations``), which making room obeys
+    when it moves the stopped VM's set. The rest of the VM is not read."""
+    r = Reader(obj)
+    check_api(r, ("kubevirt.io/v1",))
+    name, namespace = r.name(), r.namespace()
+    spec = "spec.template.spec"
+    return Parsed(
+        "VirtualMachine",
+        namespace,
+        name,
+        {
+            "uid": r.string("metadata.uid", max_length=UID_MAX),
+            "node_selector": _label_map(r, f"{spec}.nodeSelector"),
+            "affinity": parse_required_affinity(r, f"{spec}.affinity.nodeAffinity.{REQUIRED_AFFINITY}"),
+            "tolerations": parse_tolerations(r, f"{spec}.tolerations"),
+            "created": r.timestamp("metadata.creationTimestamp"),
+        },
+    )
+
+
+def _label_map(r: Reader, path: str) -> dict[str, str]:
+    selector = r.string_map(path)
+    for key, value in selector.items():
+        r.limited(f"{path}[{key}]", key, LABEL_KEY_MAX)
+        r.limited(f"{path}[{key}]", value, LABEL_VALUE_MAX)
+    return selector
+
+
+def parse_required_affinity(r: Reader, path: str) -> list[dict[str, Any]] | None:
+    """A required node affinity's ``nodeSelectorTerms`` as stored (each term's
+    ``matchExpressions`` and ``matchFields``: key, operator, values), or None when there is
+    none. The operators are the scheduler's (``binder.engine.matching``); anything else is
+    refused naming the field."""
+    if r.get(path) is None:
+        return None
+    terms_path = f"{path}.nodeSelectorTerms"
+    terms = []
+    for index, raw in enumerate(r.listing(terms_path)):
+        at = f"{terms_path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        terms.append(
+            {
+                "matchExpressions": _requirements(r, f"{at}.matchExpressions", raw.get("matchExpressions"),
+                                                  LABEL_OPERATORS),
+                "matchFields": _requirements(r, f"{at}.matchFields", raw.get("matchFields"), FIELD_OPERATORS),
+            }
+        )  # fmt: skip
+    return terms
+
+
+def _requirements(r: Reader, path: str, listed: Any, operators: frozenset[str]) -> list[dict[str, Any]]:
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        raise r.fail(path, f"must be a list, got {type(listed).__name__}")
+    found = []
+    for index, raw in enumerate(listed):
+        at = f"{path}[{index}]"
+        if not isinstance(raw, Mapping):
+            raise r.fail(at, "must be a mapping")
+        key = _field(r, at, "key", raw.get("key"))
+        if not key:
+            raise r.fail(f"{at}.key", "is required")
+        operator = _field(r, at, "operator", raw.get("operator"))
+        if operator not in operators:
+            raise r.fail(f"{at}.operator", f"must be one of {', '.join(sorted(operators))}, got {quote(operator)}")
+        values = raw.get("values") or []
+        if not isinstance(values, list):
+            raise r.fail(f"{at}.values", f"must be a list of strings, got {quote(values)}")
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                raise r.fail(f"{at}.values[{i}]", f"must be a string, got {quote(value)}")
+            r.limited(f"{at}.values[{i}]", value, LABEL_KEY_MAX)
+        found.append({"key": r.limited(f"{at}.key", key, LABEL_KEY_MAX), "operator": operator, "values": list(values)})
+    return found
 
 
 def pod_requests(r: Reader) -> dict[str, int]:  # noqa: C901 - the Kubernetes rules for containers, init and sidecars

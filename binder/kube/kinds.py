@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from binder.kube.core import parse_namespace, parse_node, parse_pod, parse_vmi
+from binder.kube.core import parse_namespace, parse_node, parse_pod, parse_virtual_machine, parse_vmi
 from binder.kube.fields import Parsed
 from binder.kube.resources import GROUP, parse_gpu, parse_gpu_budget, parse_gpu_class
 
@@ -56,6 +56,9 @@ class Kind:
     """Its deletion waits on gpuplane's finalizer until a pass released its units."""
     recorded: bool = False
     """The usage records read it (a row of it gone may close records)."""
+    optional: bool = False
+    """The API server may not serve it (a cluster without its CRD): a list answered 404 is an
+    empty list, and the sync lists again at its next relist instead of watching."""
 
     @property
     def api_version(self) -> str:
@@ -92,10 +95,11 @@ _DEVICE_FIELDS = (
     "reclaim_for",
     "reason_code",
     "admitted",
+    "keep_node",
 )
 
 #: Every mirrored kind, in the order the sync lists them: namespaces first, then what the
-#: rest refer to (nodes, classes, budgets, VMIs, pods), GPUs last.
+#: rest refer to (nodes, classes, budgets, VirtualMachines, VMIs, pods), GPUs last.
 KINDS: tuple[Kind, ...] = (
     Kind("Namespace", "", "v1", "namespaces", False, parse_namespace, "Namespace"),
     Kind(
@@ -110,6 +114,10 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "GPUBudget", GROUP, VERSION, "gpubudgets", True, parse_gpu_budget, "GpuBudget", "budget_from",
         ("limits", "borrowing"), "budgets", status_written=True,
+    ),
+    Kind(
+        "VirtualMachine", "kubevirt.io", "v1", "virtualmachines", True, parse_virtual_machine, "VirtualMachine",
+        "vm_from", ("node_selector", "affinity", "tolerations"), "virtual_machines", optional=True,
     ),
     Kind(
         "VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances", True, parse_vmi,

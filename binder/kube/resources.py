@@ -19,6 +19,8 @@ BIND_REQUEST_ANNOTATION = "gpuplane.io/bind-request"
 BIND_NODE_SELECTOR_ANNOTATION = "gpuplane.io/bind-node-selector"
 #: When the webhook allowed a VMI pinned to the set (RFC 3339), on the set's first member.
 ADMITTED_ANNOTATION = "gpuplane.io/admitted"
+#: ``"true"`` (any case) keeps a VM's set on its node: making room never moves it.
+KEEP_NODE_ANNOTATION = "gpuplane.io/keep-node"
 PHASES = ("Pending", "Bound", "Lost")
 
 
@@ -127,6 +129,7 @@ def parse_gpu(obj: Mapping[str, Any]) -> Parsed:
             "admitted": r.time_value(
                 f"metadata.annotations[{ADMITTED_ANNOTATION}]", annotations.get(ADMITTED_ANNOTATION)
             ),
+            "keep_node": annotations.get(KEEP_NODE_ANNOTATION, "").strip().lower() == "true",
             "status_class_name": r.string("status.className", max_length=NAME_MAX) if phase != "Pending" else "",
             **_lending_status(r, phase),
         },

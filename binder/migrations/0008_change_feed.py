@@ -17,11 +17,13 @@ FEED_TABLES = (
 _OPS = (("INSERT", "I", "new_rows"), ("UPDATE", "U", "new_rows"), ("DELETE", "D", "old_rows"))
 
 
-def _postgresql_sql() -> list[str]:
+def _postgresql_sql(tables=FEED_TABLES, with_feed=True) -> list[str]:
     """Statement-level AFTER triggers with transition tables: one INSERT ... SELECT per
     statement, however many rows it touched (a 100k-row load adds one statement, not
-    100k trigger calls). An UPDATE that changed nothing in a row leaves no entry."""
-    out = [
+    100k trigger calls). An UPDATE that changed nothing in a row leaves no entry.
+    ``with_feed=False``: only the triggers of ``tables`` (a later migration's new table;
+    the TRUNCATE function and the feed's own trigger exist already)."""
+    out = [] if not with_feed else [
         "CREATE FUNCTION binder_feed_truncated() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
         " INSERT INTO binder_change (kind, object_id, namespace_id, name, op, xid, token, created)"
         " VALUES ('*', NULL, NULL, TG_TABLE_NAME, 'T', pg_current_xact_id()::text::bigint, gen_random_uuid(), now());"
@@ -29,7 +31,7 @@ def _postgresql_sql() -> list[str]:
         "CREATE TRIGGER binder_feed_t AFTER TRUNCATE ON binder_change"
         " FOR EACH STATEMENT EXECUTE FUNCTION binder_feed_truncated()",
     ]
-    for table, kind, namespaced in FEED_TABLES:
+    for table, kind, namespaced in tables:
         ns = "r.namespace_id" if namespaced else "NULL::bigint"
         for event, op, rows in _OPS:
             source = f"{rows} AS r"
@@ -56,14 +58,15 @@ def _postgresql_sql() -> list[str]:
     return out
 
 
-def _postgresql_reverse() -> list[str]:
-    out = ["DROP TRIGGER IF EXISTS binder_feed_t ON binder_change"]
-    for table, _kind, _ns in FEED_TABLES:
+def _postgresql_reverse(tables=FEED_TABLES, with_feed=True) -> list[str]:
+    out = ["DROP TRIGGER IF EXISTS binder_feed_t ON binder_change"] if with_feed else []
+    for table, _kind, _ns in tables:
         for _event, op, _rows in _OPS:
             out.append(f"DROP TRIGGER IF EXISTS binder_feed_{op.lower()} ON {table}")
             out.append(f"DROP FUNCTION IF EXISTS binder_feed_{table}_{op.lower()}()")
         out.append(f"DROP TRIGGER IF EXISTS binder_feed_t ON {table}")
-    out.append("DROP FUNCTION IF EXISTS binder_feed_truncated()")
+    if with_feed:
+        out.append("DROP FUNCTION IF EXISTS binder_feed_truncated()")
     return out
 
 

@@ -104,6 +104,7 @@ def device_from(
     reclaim_for: str = "",
     reason_code: str | None = "",
     admitted: datetime | None = None,
+    keep_node: bool = False,
 ) -> e.Device:
     phase_ = PHASES[phase]
     choices: tuple[str, ...] = ()
@@ -135,6 +136,7 @@ def device_from(
         intern(reclaim_for) if reclaim_for and phase_ is not e.Phase.PENDING else "",
         intern(reason_code) if reason_code else "",
         _since(admitted) if admitted else None,
+        bool(keep_node),
     )
 
 
@@ -209,6 +211,29 @@ def vmi_from(
     )
 
 
+def terms_from(raw: Any) -> tuple[e.Term, ...] | None:
+    """A stored required node affinity (``parse_required_affinity``) as engine terms; None: none."""
+    if raw is None:
+        return None
+    return tuple(
+        e.Term(
+            tuple(e.Requirement(str(q["key"]), str(q["operator"]), tuple(q.get("values") or ())) for q in
+                  term.get("matchExpressions") or ()),
+            tuple(e.Requirement(str(q["key"]), str(q["operator"]), tuple(q.get("values") or ())) for q in
+                  term.get("matchFields") or ()),
+        )
+        for term in raw
+    )  # fmt: skip
+
+
+def vm_from(
+    namespace: str, name: str, node_selector: Values | None, affinity: Any, tolerations: list[Any] | None
+) -> e.VirtualMachine:
+    return e.VirtualMachine(
+        namespace, intern(name), _strings(node_selector), terms_from(affinity), tolerations_from(tolerations)
+    )
+
+
 def pod_from(
     namespace: str, name: str, uid: str, node: str, phase: str, requests: Values | None, owner_vmi_hint: str
 ) -> e.Pod:
@@ -236,4 +261,4 @@ def from_parsed(parsed: Parsed) -> Any:
 #: Fields a parsed object may lack, read as nothing: the lending fields (an object parsed
 #: before the parsers read them) and the reason's code, which the binder keeps in the
 #: mirror beside ``status.reason`` (no parser reads it from an object).
-OPTIONAL_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for", "reason_code"})
+OPTIONAL_FIELDS = frozenset({"borrowing", "borrowed", "reclaim_for", "reason_code", "keep_node"})

@@ -48,6 +48,7 @@ def engine_settings() -> e.Settings:
         enabled=settings.GPUPLANE_ENABLED,
         node_grace_seconds=settings.GPUPLANE_NODE_GRACE_SECONDS,
         default_budget=e.DefaultBudget(settings.GPUPLANE_DEFAULT_BUDGET),
+        moves_per_pass=settings.GPUPLANE_MOVES_PER_PASS,
         move_grace_seconds=settings.GPUPLANE_MOVE_GRACE_SECONDS,
     )
 
@@ -161,5 +162,6 @@ def read_cluster(now: datetime) -> tuple[e.Cluster, dict[tuple[str, str], int]]:
         vmis=tuple(read_rows("VirtualMachineInstance")),
         pods=tuple(read_rows("Pod")),
         settings=engine_settings(),
+        virtual_machines=tuple(read_rows("VirtualMachine")),
     )
     return cluster, ids

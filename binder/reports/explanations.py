@@ -63,17 +63,21 @@ def explanation_of(key: SetKey, now: datetime) -> Explanation | None:
     launchers = Q(namespace__name__in={p.namespace for p in pods}, name__in={p.owner_vmi for p in pods})
     # A device held as one of its alternatives books that class's resource, not its spec.className's.
     placed = (Q(class_name__in=booking) | Q(status_class_name__in=booking)) & ~Q(node="")
+    devices = tuple(read_rows("GPU", queryset=models.GpuDevice.objects.filter(tenant | placed)))
+    # Making room: whether the sets placed there are stopped VMs' (a VirtualMachine, no VMI).
+    held_by = Q(name__in={d.vm_name for d in devices if d.node})
     cluster = e.Cluster(
         now=now,
         classes=classes,
         nodes=tuple(read_rows("Node")),
-        devices=tuple(read_rows("GPU", queryset=models.GpuDevice.objects.filter(tenant | placed))),
+        devices=devices,
         budgets=tuple(read_rows("GPUBudget", queryset=models.GpuBudget.objects.filter(tenant))),
         vmis=tuple(read_rows("VirtualMachineInstance", queryset=models.VirtualMachineInstance.objects.filter(
-            tenant | launchers
+            tenant | launchers | held_by
         ))),
         pods=pods,
         settings=engine_settings(),
+        virtual_machines=tuple(read_rows("VirtualMachine", queryset=models.VirtualMachine.objects.filter(held_by))),
     )  # fmt: skip
     return Explainer(cluster, ledger_for(cluster)).explain(key)
 
@@ -107,6 +111,7 @@ def explanation_html(why: Explanation) -> SafeString:
         if why.vmi_note
         else ""
     )
+    room = format_html('<p class="room">{}</p>', why.room_note) if why.room_note else ""
     steps = (
         format_html(
             '<p class="fit-heading">would fit:</p><ol class="would-fit">{}</ol>',
@@ -116,10 +121,11 @@ def explanation_html(why: Explanation) -> SafeString:
         else ""
     )
     return format_html(
-        '<div class="explain" data-set="{}/{}"><p class="needs">{}</p>{}{}</div>',
+        '<div class="explain" data-set="{}/{}"><p class="needs">{}</p>{}{}{}</div>',
         why.namespace,
         why.vm,
         why.summary,
         vmi,
+        room,
         steps,
     )

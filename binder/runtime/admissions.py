@@ -75,6 +75,24 @@ def moving_sets(result: PassResult, state: ClusterState) -> dict[SetKey, str]:
     return moving
 
 
+def held_back_by(result: PassResult, stale: Collection[SetKey], *, later: bool) -> set[SetKey]:
+    """Making room: the sets that must not be written because a set of their plan stays where
+    it is (``stale``): the waiting set the plan made room for (its room is not there) and,
+    ``later``, the plan's sets taken after the stale one (they stay too; the ones before it
+    went where they went)."""
+    held: set[SetKey] = set()
+    for waiting, taken in result.room_plans.items():
+        for index, key in enumerate(taken):
+            if key in stale:
+                held.add(waiting)
+                if later:
+                    held.update(taken[index + 1 :])
+                break
+    for namespace, vm in sorted(held - set(stale)):
+        log.info("set %s/%s waits for the next pass: a set moved for making room stays where it is", namespace, vm)
+    return held
+
+
 def without_sets(result: PassResult, sets: Collection[SetKey]) -> PassResult:
     """``result`` with nothing of ``sets`` written: their devices, decisions and answers dropped."""
     if not sets:
@@ -118,8 +136,9 @@ def locked_devices(
 def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassResult, int]:
     """Standalone: lock the first member of every set ``result`` moves and drop the sets whose
     first member is no longer the record the pass decided from (the webhook admitted a VMI to
-    it since the pass's catch-up); with the number of device writes dropped. Runs inside the
-    pass's transaction, before its writes."""
+    it since the pass's catch-up), with what a dropped move held back (:func:`held_back_by`:
+    the sets a plan took after it and the set it made room for); with the number of device
+    writes dropped. Runs inside the pass's transaction, before its writes."""
     moving = moving_sets(result, state)
     if not moving:
         return result, 0
@@ -132,6 +151,7 @@ def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassRes
     }  # fmt: skip
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: a VMI was admitted to it meanwhile", namespace, vm)
+    stale |= held_back_by(result, stale, later=True)
     kept = without_sets(result, stale)
     return kept, len(result.devices) - len(kept.devices)
 

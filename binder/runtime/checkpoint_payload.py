@@ -30,7 +30,10 @@ SCHEMA_VERSION = 4
 
 
 #: The record classes a payload holds by the thousand (pickled by :func:`_reducer`).
-_RECORDS = (e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration)
+_RECORDS = (
+    e.Device, e.Node, e.GpuClass, e.Budget, e.Vmi, e.Pod, e.Taint, e.Toleration, e.VirtualMachine, e.Requirement,
+    e.Term,
+)  # fmt: skip
 
 
 def _layout() -> str:

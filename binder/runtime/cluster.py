@@ -142,7 +142,8 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
     the usage records then describe the cluster as it is, and the next pass starts from
     there. A set the pass moves or releases has its first member written first (guarded by
     an unchanged write where the pass does not change it) and the rest only if that landed
-    (``binder.runtime.admissions``). Runs inside the pass's transaction.
+    (``binder.runtime.admissions``); a set for which a move of its room plan did not land is
+    not written either. Runs inside the pass's transaction.
     """
     writes = _Writes()
     decided = state.records["GPU"]
@@ -193,7 +194,9 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
         landed = {d.set_key for d in writes.patch_many("GPU", [*first, *guarded])}
         stale |= {w[0].set_key for w in (*first, *guarded) if w[0].set_key not in landed}
         written = [w[0] for w in first if w[0].set_key in landed]
-    written += writes.patch_many("GPU", [w for w in rest if w[0].set_key not in stale])
+    # Making room: a set for which a move of its plan did not land has no room; it waits.
+    held_back = admissions.held_back_by(result, stale, later=False)
+    written += writes.patch_many("GPU", [w for w in rest if w[0].set_key not in stale | held_back])
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: its first member changed (a VMI admitted to it?)",
                  namespace, vm)  # fmt: skip

@@ -301,7 +301,7 @@ class MirrorState:
             # (its launcher pod comes after), and rebuilding the ledger for it cost the next
             # answer pass 0.6-0.9 s at 110k devices.
             return
-        if kind not in ("GPU", "GPUBudget", "Node"):
+        if kind not in ("GPU", "GPUBudget", "Node", "VirtualMachine"):
             self._ledger = None  # classes, pods, VMIs their pods name: the ledger is built again
 
     def _owned_pods(self, keys: Iterable[SetKey]) -> bool:
@@ -453,6 +453,7 @@ class MirrorState:
             vmis=self._tuple("VirtualMachineInstance"),
             pods=self._tuple("Pod"),
             settings=settings,
+            virtual_machines=self._tuple("VirtualMachine"),
         )
 
     def ledger(self) -> Ledger:

@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 from binder import apiserver, models
 from binder.engine import PassResult, answer_pass, full_pass
 from binder.engine import types as e
+from binder.engine.making_room import MADE_ROOM, ROOM_REFUSED
 from binder.engine.usage import Subjects
 from binder.mirror.read import engine_settings
 from binder.runtime import admissions, checkpoint, cluster
@@ -383,6 +384,8 @@ def write_result(
     run.devices_written = len(changed)
     for outcome in e.Outcome:
         setattr(run, outcome.value, result.counts.get(outcome.value, 0))
+    run.made_room = result.counts.get(MADE_ROOM, 0)
+    run.room_refused = result.counts.get(ROOM_REFUSED, 0)
 
 
 def held_as(device: e.Device) -> str:

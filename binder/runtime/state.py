@@ -298,22 +298,25 @@ class ClusterState(MirrorState):
 
         The engine is a function of the records, the settings and the clock. If the last
         full pass changed no device (so its input is still the state), nothing changed
-        since, the settings are the same and no NotReady node crossed its grace deadline
-        between the two clocks (the only rule that reads the clock, from an index of
-        deadlines), the engine would decide exactly nothing again: no sweep needed.
+        since, the settings are the same, no NotReady node crossed its grace deadline
+        between the two clocks (from an index of deadlines) and no set the last pass left in
+        place for its admission grace may move now (``PassResult.wake_at``: the two rules
+        that read the clock), the engine would decide exactly nothing again: no sweep needed.
         """
         if self.last_full is None or not catch.nothing_changed:
             return None
         then, then_settings, result = self.last_full
         if result.devices or result.answered or then_settings != settings or now < then:
             return None
+        if result.wake_at is not None and result.wake_at <= now:
+            return None  # a set's admission grace ended: making room may move it now
         deadlines = self.deadlines(settings.node_grace_seconds)
         i = bisect.bisect_left(deadlines, then)
         if i < len(deadlines) and deadlines[i] < now:
             return None
         counts = {o.value: 0 for o in e.Outcome}
         counts[e.Outcome.REFUSED.value] = result.counts.get(e.Outcome.REFUSED.value, 0)
-        return PassResult(devices=(), changes=(), counts=counts)
+        return PassResult(devices=(), changes=(), counts=counts, wake_at=result.wake_at)
 
     def deadlines(self, grace_seconds: int) -> list[datetime]:
         """When each NotReady node passes its grace period, sorted (rebuilt when a node changes)."""

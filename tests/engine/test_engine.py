@@ -548,12 +548,13 @@ def test_device_placed_is_dataclasses_replace_for_every_field() -> None:
         reclaim_for="t2/waiting",
         reason_code="Lost",
         admitted=NOW - timedelta(minutes=1),
+        keep_node=True,
     )
     assert {f.name for f in dataclasses.fields(e.Device)} == {
         "namespace", "name", "class_name", "vm_name", "phase", "node", "since", "reason", "bind_request",
         "answered_request", "answer", "created", "bind_node_selector", "choices", "borrowed", "reclaim_for",
         "reason_code",
-        "admitted",
+        "admitted", "keep_node",
     }  # fmt: skip
     moved = device.placed("a10", e.Phase.BOUND, "n1", NOW, "bound: here")
     assert moved == dataclasses.replace(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from binder import apiserver as kube_connection
 from binder import queue as binder_queue
@@ -27,9 +28,9 @@ from binder.actions import change_node
 from binder.engine.preview import NodeAction
 from binder.runtime.passes import run_pass
 from tests.support.cluster_mode import GPUS, seed_cluster
-from tests.support.controlplane import IDENTITIES, ControlPlane
+from tests.support.controlplane import IDENTITIES, ControlPlane, kubevirt_dir
 from tests.support.factories import new_vmi, review
-from tests.support.shapes import gpu_obj
+from tests.support.shapes import gpu_obj, real
 from tests.support.webhook_calls import denied, post
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,28 @@ def granted(plane: ControlPlane, identity: str) -> set[tuple[str, str, str]]:
     return rules - EVERYONE
 
 
+def serve_virtual_machines(plane: ControlPlane) -> None:
+    """KubeVirt's VirtualMachine CRD (from the pinned KubeVirt's CRDs) served, with one stopped
+    VM in t1: the sync lists and watches VirtualMachines (a cluster without the CRD mirrors
+    none, and the watch would never run)."""
+    crds = yaml.safe_load_all((kubevirt_dir() / "crds.yaml").read_text())
+    crd = next(d for d in crds if d and d["metadata"]["name"] == "virtualmachines.kubevirt.io")
+    plane.apply(crd)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if plane.request("GET", "/apis/kubevirt.io/v1/virtualmachines") is not None:
+                break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+    vm = real("virtualmachine.yaml")
+    vm["metadata"] = {"name": "vm1-stopped", "namespace": "t1"}
+    vm.pop("status", None)
+    plane.request("POST", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines", vm)
+
+
 def as_identity(plane: ControlPlane, identity: str) -> None:
     """gpuplane's connection from now on authenticates as ``identity``, as that process would."""
     kube_connection.use(plane.kube_api(identity))
@@ -112,6 +135,7 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
     from usage import queries
 
     seed_cluster(apiserver)
+    serve_virtual_machines(apiserver)
     apiserver.mark_calls()
 
     # The sync (Deployment gpuplane-sync): list every kind, add finalizers, watch each kind.

@@ -36,3 +36,18 @@ def test_a_cluster_without_gpuplanes_crds_is_named(apiserver: ControlPlane, monk
     with pytest.raises(CommandError) as refused:
         call_command("sync_cluster", "--once", "--no-progress")
     assert "gpuplane.io/v9 gpus is not served (HTTP 404): install gpuplane's CRDs" in str(refused.value)
+
+
+def test_a_cluster_without_virtual_machines_syncs_the_rest_and_mirrors_none(
+    apiserver: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """VirtualMachines are optional (making room reads them): a cluster that does not serve the
+    kind is synced as one without any, and nothing is movable."""
+    from binder import models
+
+    served = kube_client.RESOURCES["VirtualMachine"]
+    assert served.optional
+    monkeypatch.setitem(kube_client.RESOURCES, "VirtualMachine", dataclasses.replace(served, version="v9"))
+    call_command("sync_cluster", "--once", "--no-progress")
+    assert not models.VirtualMachine.objects.exists()
+    assert models.SyncStatus.objects.get(kind="VirtualMachine").listed == 0

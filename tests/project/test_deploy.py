@@ -45,7 +45,8 @@ SECRET_KEYS = ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY")
 #: Exactly what gpuplane may do against the API (deploy/base/rbac.yaml says which code
 #: path needs each; binder/kube/client.py makes every call): (ClusterRole, API group, resource)
 #: -> verbs.
-MIRRORED = [("", "namespaces"), ("", "nodes"), ("", "pods"), ("kubevirt.io", "virtualmachineinstances")]
+MIRRORED = [("", "namespaces"), ("", "nodes"), ("", "pods"), ("kubevirt.io", "virtualmachineinstances"),
+            ("kubevirt.io", "virtualmachines")]  # fmt: skip
 MIRRORED += [(GROUP, r) for r in ("gpuclasses", "gpus", "gpubudgets")]
 EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     # sync_cluster: list and watch into the mirror; add the finalizer.

@@ -57,9 +57,14 @@ def test_every_layers_table_is_the_kinds_table() -> None:
 def test_the_change_feed_watches_every_mirrored_table_and_no_other() -> None:
     from binder import models
 
-    feed = importlib.import_module("binder.migrations.0008_change_feed")
+    # 0008 made the feed with the tables of its day; a later migration adding a mirrored
+    # table adds its triggers and lists the table in its own FEED_TABLES.
+    watched: set[tuple[str, str, bool]] = set()
+    for path in sorted((ROOT / "binder" / "migrations").glob("0*.py")):
+        migration = importlib.import_module(f"binder.migrations.{path.stem}")
+        watched |= set(getattr(migration, "FEED_TABLES", ()))
     expected = {(getattr(models, k.model)._meta.db_table, k.kind, k.namespaced) for k in KINDS}
-    assert set(feed.FEED_TABLES) == expected
+    assert watched == expected
 
 
 def _crds() -> dict[str, dict[str, object]]:

@@ -22,9 +22,9 @@ from binder.runtime.passes import run_pass
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_FILE = ROOT / "deploy" / "demo" / "cluster.yaml"
 SHOWS = re.compile(
-    r"has (?P<nodes>\d+) GPU nodes \((?P<h100>\d+) HGX H100, (?P<a10>\d+) A10; one\s+cordoned, one NotReady for days\),"
-    r" (?P<classes>\d+) GPU classes, (?P<tenants>\d+) tenants with budgets, (?P<devices>\d+) devices in\s+"
-    r"(?P<sets>\d+) sets \((?P<smallest>\d+) to (?P<largest>\d+) GPUs\)"
+    r"has (?P<nodes>\d+) GPU nodes \((?P<h100>\d+) HGX H100, (?P<nvl>\d+) H100 NVL, (?P<a10>\d+) A10;\s+one"
+    r" cordoned, one NotReady for days\), (?P<classes>\d+) GPU classes, (?P<tenants>\d+) tenants with budgets,"
+    r" (?P<devices>\d+) devices in\s+(?P<sets>\d+) sets \((?P<smallest>\d+) to (?P<largest>\d+) GPUs\)"
 )
 BOUND = re.compile(r"^- (?P<bound>\d+) devices are Bound, each set whole on one node;$", re.MULTILINE)
 BOARD = re.compile(r"read the board \((?P<nodes>\d+) nodes, a cell per unit")
@@ -41,11 +41,12 @@ def test_the_readme_and_testing_doc_count_what_the_demo_has() -> None:
     load_file(DEMO_FILE, replace=True)
     run_pass()  # "After the first pass"
     nodes = list(models.Node.objects.all())
-    kinds = Counter("H100" if any("H100" in r for r in n.allocatable) else "A10" for n in nodes)
+    kinds = Counter(next((k for k in ("NVL", "H100") if any(k in r for r in n.allocatable)), "A10") for n in nodes)
     sizes = Counter(models.GpuDevice.objects.values_list("namespace__name", "vm_name"))
     demo = {
         "nodes": len(nodes),
         "h100": kinds["H100"],
+        "nvl": kinds["NVL"],
         "a10": kinds["A10"],
         "classes": models.GpuClass.objects.count(),
         "tenants": models.GpuBudget.objects.values("namespace").distinct().count(),
@@ -113,3 +114,28 @@ def test_the_demo_lends_idle_a10s_and_a_reclaim_mark_waits_on_a_running_vm(admin
     assert "1 set marked for reclaim (dashed): each waits for its VM to stop" in html
     assert "marked for reclaim by team-research/render-a10: waits for its VM to stop" in html
     assert "waits for reclaim: team-sandbox/a10-scratch on gpu-a10-04" in html
+
+
+@pytest.mark.django_db
+def test_the_demo_places_an_eight_gpu_order_by_moving_two_stopped_vms_sets(admin_client: Client) -> None:
+    """README's making-room story: vlm-pretrain (8 H100 NVLs) finds no node with 8 free; the
+    first pass moves the stopped docking-a and docking-b off nvl-h100-01 onto nvl-h100-02 (the
+    running vlm-serve there stays) and binds the order on nvl-h100-01; the second changes nothing."""
+    load_file(DEMO_FILE, replace=True)
+    first = run_pass()
+    assert run_pass().devices_written == 0
+    assert (first.made_room, first.room_refused) == (2, 0)
+
+    def where(vm: str) -> set[tuple[str, str]]:
+        return set(models.GpuDevice.objects.filter(vm_name=vm).values_list("phase", "node"))
+
+    assert where("docking-a") == where("docking-b") == where("vlm-serve") == {("Bound", "nvl-h100-02")}
+    assert where("vlm-pretrain") == {("Bound", "nvl-h100-01")}
+    moves = models.Decision.objects.filter(vm_name__in=["docking-a", "docking-b"])
+    assert {(d.from_node, d.to_node, d.reason_code) for d in moves} == {("nvl-h100-01", "nvl-h100-02", "MadeRoom")}
+    assert all("made room there for team-vision/vlm-pretrain" in d.reason for d in moves)
+    order = models.GpuDevice.objects.filter(vm_name="vlm-pretrain").first()
+    assert order is not None and "room made by moving team-research/docking-b (to nvl-h100-02), " in order.reason
+    # The board shows the order on the freed node and the moved sets beside the running VM.
+    html = admin_client.get(reverse("admin:placement-board")).content.decode()
+    assert "team-vision/vlm-pretrain" in html and "team-research/docking-a" in html

@@ -40,7 +40,17 @@ from binder.mirror.write import clear_mirror, mirror_event, mirror_list, write_p
 from binder.runtime.feed import OwnWrites, own_feed_position, read_feed
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from tests.support.shapes import (
+    H100,
+    budget_obj,
+    class_obj,
+    gpu_obj,
+    namespace_obj,
+    node_obj,
+    plain_pod_obj,
+    real,
+    vmi_obj,
+)
 
 Entry = tuple[str, str, str]  # kind, name, op
 
@@ -513,7 +523,7 @@ def test_every_mirrored_table_has_its_feed_triggers_after_migrate() -> None:
     this fails for any mirrored table the migrated test database left without them, on
     either database (PostgreSQL keeps them, and also needs the TRUNCATE trigger)."""
     tables = _mirrored_tables()
-    assert len(tables) == 7
+    assert len(tables) == 8
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             cursor.execute("SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger'")
@@ -537,7 +547,15 @@ def test_every_mirrored_table_writes_the_feed_after_migrate() -> None:
     load_objects(
         [namespace_obj("t1"), node_obj("n1", {H100: 8}), class_obj("h100", H100), budget_obj("t1", {"h100": 4}),
          gpu_obj("t1", "g0", "h100", "vm1"), vmi_obj("t1", "vm1", ["g0"], {}, "n1"),
-         plain_pod_obj("t1", "p1", H100, 1, "n1")]
+         plain_pod_obj("t1", "p1", H100, 1, "n1"), virtual_machine("t1", "vm1")]
     )  # fmt: skip
     kinds = {kind for kind, _name, op in since(start) if op == "I"}
-    assert kinds == {"Namespace", "Node", "GPUClass", "GPUBudget", "GPU", "VirtualMachineInstance", "Pod"}
+    assert kinds == {
+        "Namespace", "Node", "GPUClass", "GPUBudget", "GPU", "VirtualMachineInstance", "Pod", "VirtualMachine"
+    }  # fmt: skip
+
+
+def virtual_machine(namespace: str, name: str) -> dict[str, Any]:
+    vm = real("virtualmachine.yaml")
+    vm["metadata"].update(namespace=namespace, name=name)
+    return vm

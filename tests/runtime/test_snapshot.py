@@ -579,13 +579,16 @@ def test_unknown_kinds_are_skipped_and_reported(tmp_path: Path) -> None:
         *[real("resourcequota-extended.yaml", i) for i in range(2)],
         real("kubevirt-permitted-host-devices.yaml"),
         node_obj("n1", {A10: 2}),
-        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "vm1", "namespace": "t1"}},
-    ]
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+         "metadata": {"name": "vm1-move", "namespace": "t1"}},
+    ]  # fmt: skip
     out = io.StringIO()
     call_command("load_snapshot", str(write_snapshot(tmp_path / "mixed.yaml", objects)), stdout=out)
     text = out.getvalue()
     assert "loaded 1 Node" in text
-    assert "skipped kinds gpuplane does not mirror: 1 KubeVirt, 2 ResourceQuota, 1 VirtualMachine" in text
+    assert (
+        "skipped kinds gpuplane does not mirror: 1 KubeVirt, 2 ResourceQuota, 1 VirtualMachineInstanceMigration" in text
+    )
     assert models.Node.objects.count() == 1
     # skipped objects create nothing, not even their namespaces
     assert not models.Namespace.objects.exists()

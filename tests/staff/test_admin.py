@@ -39,6 +39,7 @@ CHANGELISTS = (
     "gpudevice",
     "gpubudget",
     "virtualmachineinstance",
+    "virtualmachine",
     "pod",
     "passrun",
     "decision",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 
 from binder.engine.accounting import Ledger, ledger_for
@@ -121,8 +121,12 @@ class PassState:
         first = min(members, key=_by_name) if members else None
         if first is None or first.admitted is None:
             return False
-        window = min(VMI_MIRRORED_SECONDS, self.settings.move_grace_seconds)
-        return (self.now - first.admitted).total_seconds() < window
+        ends = first.admitted + timedelta(seconds=min(VMI_MIRRORED_SECONDS, self.settings.move_grace_seconds))
+        if self.now >= ends:
+            return False
+        # The clock decides here: the "nothing changed" rule must not skip the pass after this.
+        self.wake_at = ends if self.wake_at is None else min(self.wake_at, ends)
+        return True
 
     def members(self, key: SetKey) -> tuple[Device, ...]:
         return self.ledger.devices(key)

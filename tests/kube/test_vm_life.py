@@ -329,7 +329,8 @@ def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_aga
     assert second["spec"]["nodeName"] == other
     vmi = vm_cluster.vmi("t1", "vm1")
     assert vmi is not None and vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"] != hostname
-    assert booked(other) == 2 and booked(node) == 8
+    mirrored(lambda: booked(other) == 2 and booked(node) == 8, "the launcher counted once, the pod's 8 on its node",
+             vm_cluster, gpuplane)  # fmt: skip
 
 
 def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_returns(

@@ -18,7 +18,6 @@ every stored VMI, patched by the webhook, passed KubeVirt's schema.
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from binder.runtime.passes import run_pass
 from tests.support import workers
 from tests.support.controlplane import UNION_USER, ApiError, ControlPlane
 from tests.support.factories import new_vmi
-from tests.support.manifests import overlay
+from tests.support.manifests import register_webhook as register
 from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -44,17 +43,6 @@ VMIS = "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 OWN_TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "vms", "effect": "NoSchedule"}
-
-
-def register(plane: ControlPlane, url: str) -> dict[str, Any]:
-    """deploy/'s MutatingWebhookConfiguration, pointed at ``url`` with the test CA's bundle."""
-    (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
-    hook = config["webhooks"][0]
-    hook["clientConfig"] = {
-        "url": f"{url}/webhooks/vmi",
-        "caBundle": base64.b64encode(plane.pki.ca_file.read_bytes()).decode(),
-    }
-    return dict(plane.apply(config))
 
 
 def embedded() -> bool:

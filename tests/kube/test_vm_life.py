@@ -17,10 +17,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from binder import models
 from binder.reports.state import cluster_state
 from binder.usage_record import UsageRecord
+from tests.support.accounts import account
 from tests.support.controlplane import ApiError
 from tests.support.shapes import H100, budget_obj, class_obj
 from tests.support.vm_cluster import (
@@ -295,6 +297,20 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: 
     assert usage("t1", H100) == 4
 
 
+def stopped_vm(cluster: VmCluster) -> tuple[list[str], dict[str, Any], str, str]:
+    """Two nodes, tenant t2 too, and t1's vm1 (2 GPUs) started once and stopped: its devices, its
+    first launcher, the node its set is kept on and the other node."""
+    two_nodes(cluster)
+    cluster.tenant_namespace("t2")
+    devices = order(cluster, "t1", "vm1", 2)
+    cluster.vm("t1", "vm1", devices)
+    first = cluster.running_launcher("t1", "vm1")
+    node = first["spec"]["nodeName"]
+    cluster.set_running("t1", "vm1", False)
+    wait_for(lambda: not cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+    return devices, first, node, "n2" if node == "n1" else "n1"
+
+
 def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_again(
     vm_cluster: VmCluster, gpuplane: Gpuplane
 ) -> None:
@@ -303,15 +319,7 @@ def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_aga
     devices across a stop names: another workload grabs the device during the restart). gpuplane
     sees the node over-booked and moves the stopped VM's set to a node with room, so the restart
     is pinned there and its launcher runs; the raw pod keeps the units it was given."""
-    two_nodes(vm_cluster)
-    vm_cluster.tenant_namespace("t2")
-    devices = order(vm_cluster, "t1", "vm1", 2)
-    vm_cluster.vm("t1", "vm1", devices)
-    first = vm_cluster.running_launcher("t1", "vm1")
-    node = first["spec"]["nodeName"]
-    other = "n2" if node == "n1" else "n1"
-    vm_cluster.set_running("t1", "vm1", False)
-    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+    devices, first, node, other = stopped_vm(vm_cluster)
 
     hostname = first["spec"]["nodeSelector"]["kubernetes.io/hostname"]
     trainer = raw_pod("t2", "trainer", {H100: 8}, {"kubernetes.io/hostname": hostname})
@@ -340,15 +348,7 @@ def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_
     Lost page saying why; the restart's VMI is refused by the webhook with the binder's reason (no
     VMI is created pinned anywhere), KubeVirt's VM controller retries, and once a raw pod ends the
     Lost set is bound again and the VM starts there."""
-    two_nodes(vm_cluster)
-    vm_cluster.tenant_namespace("t2")
-    devices = order(vm_cluster, "t1", "vm1", 2)
-    vm_cluster.vm("t1", "vm1", devices)
-    first = vm_cluster.running_launcher("t1", "vm1")
-    node = first["spec"]["nodeName"]
-    other = "n2" if node == "n1" else "n1"
-    vm_cluster.set_running("t1", "vm1", False)
-    wait_for(lambda: not vm_cluster.launchers("t1", "vm1"), 60, "the launcher gone")
+    devices, first, node, other = stopped_vm(vm_cluster)
     for name, where in (("filler", other), ("trainer", node)):
         hostname = "hgx-01" if where == "n1" else where
         vm_cluster.request("POST", pod_path("t2"), raw_pod("t2", name, {H100: 8}, {"kubernetes.io/hostname": hostname}),
@@ -358,6 +358,10 @@ def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_
     mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Lost", "")}, "the set Lost", vm_cluster, gpuplane)
     reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
     assert "no other node has room for the set" in reason, reason
+    staff = Client()
+    staff.force_login(account("ops", staff=True, superuser=True))
+    lost_page = staff.get("/admin/binder/lostset/").content.decode()
+    assert "t1/vm1" in lost_page and "over-booked" in lost_page
 
     vm_cluster.set_running("t1", "vm1", True)
     vm_path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines/vm1"

@@ -7,6 +7,7 @@ test control plane from pinned modules (``make kube-bin``; tests/support/control
 
 from __future__ import annotations
 
+import base64
 import functools
 import subprocess
 from pathlib import Path
@@ -54,3 +55,15 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 def pod_containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     spec = deployment["spec"]["template"]["spec"]
     return list(spec.get("initContainers", [])) + list(spec["containers"])
+
+
+def register_webhook(plane: Any, url: str) -> dict[str, Any]:
+    """deploy/'s MutatingWebhookConfiguration, applied to ``plane`` (a control plane) pointed at
+    ``url`` with the test CA's bundle: the two values an operator sets (docs/webhook.md)."""
+    (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
+    hook = config["webhooks"][0]
+    hook["clientConfig"] = {
+        "url": f"{url}/webhooks/vmi",
+        "caBundle": base64.b64encode(plane.pki.ca_file.read_bytes()).decode(),
+    }
+    return dict(plane.apply(config))

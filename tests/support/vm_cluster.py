@@ -57,7 +57,7 @@ from tests.support.controlplane import (
     kwok_dir,
     tool,
 )
-from tests.support.manifests import overlay
+from tests.support.manifests import overlay, register_webhook
 
 SCHEDULER_USER = "system:kube-scheduler"
 #: KubeVirt's controller identity, as in-cluster: its ServiceAccount in KubeVirt's namespace.
@@ -501,17 +501,6 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
 
 
 # -- gpuplane as deployed ---------------------------------------------------------------------------
-
-
-def register_webhook(plane: ControlPlane, url: str) -> dict[str, Any]:
-    """deploy/'s MutatingWebhookConfiguration, pointed at ``url`` with the test CA's bundle."""
-    (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
-    hook = config["webhooks"][0]
-    hook["clientConfig"] = {
-        "url": f"{url}/webhooks/vmi",
-        "caBundle": base64.b64encode(plane.pki.ca_file.read_bytes()).decode(),
-    }
-    return dict(plane.apply(config))
 
 
 class Gpuplane:

@@ -351,7 +351,7 @@ class Tally:
     webhook_seconds: float = 0.0
     writes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (writer, resource, verb)
     background: int = 0
-    cpu: Counter[str] = field(default_factory=Counter)
+    cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     wrong_node: int = 0
     placed_by_pass: int = 0
     failed: int = 0
@@ -813,10 +813,11 @@ class Bench:
 
     def cpu_rows(self) -> list[tuple[str, list[str], str]]:
         """CPU per VM start over the start windows, every process, over both concurrencies."""
-        cpu: dict[str, Counter[str]] = {a: Counter() for a in ARMS}
+        cpu: dict[str, dict[str, float]] = {a: defaultdict(float) for a in ARMS}
         for arm in ARMS:
             for t in self.of(arm):
-                cpu[arm].update(t.cpu)
+                for part, seconds in t.cpu.items():
+                    cpu[arm][part] += seconds
         per = {a: {p: s / self.starts(a) * 1000 for p, s in cpu[a].items()} for a in ARMS}
         total = [f"{sum(per[a].values()):,.0f}" for a in ARMS]
         rows = [("CPU per VM start, every process (ms)", total, "")]

@@ -24,6 +24,7 @@ import pytest
 from binder import apiserver as kube_connection
 from binder import models, sync
 from binder.kube import client as kube_client
+from binder.kube.resources import GROUP
 from binder.mirror.write import mirror_event, mirror_list
 from binder.runtime.passes import run_pass
 from tests.support.cluster_mode import (
@@ -317,7 +318,7 @@ def test_a_409_gets_that_one_object_and_the_next_pass_writes_against_it(
     apiserver.mark_calls()
     first = run_pass("full")
     assert first.writes_failed == 1
-    gets = [c for c in [c.rbac for c in apiserver.calls(UNION_USER)] if c == (kube_client.GROUP, "gpus", "get")]
+    gets = [c for c in [c.rbac for c in apiserver.calls(UNION_USER)] if c == (GROUP, "gpus", "get")]
     assert len(gets) == 1 and gpu_lists(apiserver) == 0
     current = cluster_gpus(apiserver)[("t1", "a-gpu0")]
     assert models.GpuDevice.objects.get(name="a-gpu0").resource_version == current["metadata"]["resourceVersion"]

@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def test_board_lost_set_decisions_and_retry(demo: None, page: Page, live_server: Any) -> None:
     login(page, live_server, reverse("admin:placement-board"))
 
-    # the board: 9 nodes, one cell per unit, node states marked
-    expect(page.locator("#gp-board tr.node")).to_have_count(9)
+    # the board: 11 nodes, one cell per unit, node states marked
+    expect(page.locator("#gp-board tr.node")).to_have_count(11)
     expect(page.locator('tr[data-node="hgx-h100-05"] .badge.notready')).to_contain_text("NotReady since")
     expect(page.locator('tr[data-node="hgx-h100-04"] .badge.cordoned')).to_have_text("cordoned")
     expect(page.locator('tr[data-node="hgx-h100-01"] .u')).to_have_count(8)

@@ -60,6 +60,8 @@ CRDS = ROOT / "deploy" / "base" / "crds"
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
 FINALIZER_POLICY = ROOT / "deploy" / "base" / "finalizer-policy.yaml"
 NAMESPACE = ROOT / "deploy" / "base" / "namespace.yaml"
+#: The KubeVirt kinds gpuplane mirrors: their CRDs are installed in every control plane.
+KUBEVIRT_READ = frozenset({"virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io"})
 #: KubeVirt's CRDs, virt-controller and its RBAC, and the KubeVirt object (hack/kubevirt-bin.sh).
 KUBEVIRT_BIN = ROOT / "hack" / "kubevirt-bin.sh"
 #: kwok and the stages it runs with (hack/kwok-bin.sh).
@@ -582,15 +584,15 @@ class ControlPlane:
         return bool(self.raw("GET", "/readyz") == "ok")
 
     def _install(self) -> None:
-        """The CRDs (deploy/'s and KubeVirt's VMI), deploy/'s namespace and RBAC, and the
+        """The CRDs (deploy/'s and KubeVirt's), deploy/'s namespace and RBAC, and the
         union identity's bindings; then wait until the CRDs serve."""
         docs: list[dict[str, Any]] = []
-        kubevirt = kubevirt_dir() / (
-            "crds.yaml" if self.profile.kubevirt else "virtualmachineinstances.kubevirt.io.yaml"
-        )
-        for path in [*sorted(CRDS.glob("*.yaml")), kubevirt]:
+        for path in sorted(CRDS.glob("*.yaml")):
             if path.name != "kustomization.yaml":
                 docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+        # KubeVirt's CRDs: all of them where virt-controller runs, else the two kinds gpuplane reads.
+        kubevirt = [d for d in yaml.safe_load_all((kubevirt_dir() / "crds.yaml").read_text()) if d]
+        docs += [d for d in kubevirt if self.profile.kubevirt or d["metadata"]["name"] in KUBEVIRT_READ]
         docs += [d for d in yaml.safe_load_all(NAMESPACE.read_text()) if d]
         docs += [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
         for role in [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"]:

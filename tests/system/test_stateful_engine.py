@@ -65,6 +65,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from binder.engine.fit import refuses_new
 from binder.engine.placement import answer_pass, full_pass
 from binder.engine.types import (
     DefaultBudget,
@@ -480,7 +481,11 @@ class EngineMachine(RuleBasedStateMachine):
             names.append(pick(others, len(names)) or names[0])
         return names
 
-    def create_vmi(self, key: SetKey, variant: str) -> None:
+    def takes_nothing_new(self, node: str, members: Any) -> bool:
+        w = self.world
+        return node in w.nodes and refuses_new(w.nodes[node], [w.classes[d.class_name] for d in members]) is not None
+
+    def create_vmi(self, key: SetKey, variant: str) -> None:  # noqa: C901 - one branch per kind of VMI
         w = self.world
         if key in w.vmis or key in self.calls:
             return
@@ -504,6 +509,9 @@ class EngineMachine(RuleBasedStateMachine):
             assert verdict.action is Action.DENY and "belongs to VM" in verdict.message, verdict
         elif missing:
             assert verdict.action is Action.DENY and "does not exist" in verdict.message, verdict
+        elif node is not None and self.takes_nothing_new(node, members):
+            # A node taking nothing new (NotReady, cordoned, draining, ...) would not start the launcher.
+            assert verdict.action is Action.DENY and f"its GPUs are held on node {node}" in verdict.message, verdict
         elif node is not None:
             assert verdict.action is Action.PATCH and verdict.node == node, verdict
             assert patched(vmi, verdict) == (node, expected_devices(members, w.classes))

@@ -32,8 +32,8 @@ the bench waits until their launchers are gone. For each start window the apiser
 logged, and kwok's node leases are left out as background) and the CPU of every process are
 added up per arm.
 
-    /work/main/.venv/bin/python bench/vm_start_bench.py --nodes 50
-    /work/main/.venv/bin/python bench/vm_start_bench.py --nodes 1000 --json vm-start.json
+    .venv/bin/python bench/vm_start_bench.py --nodes 50
+    .venv/bin/python bench/vm_start_bench.py --nodes 1000 --json vm-start.json
 
 The KubeVirt VM controller live-updates a running VMI's node selector and affinity from its
 VM's template (1.8's LiveUpdate rollout), so the bench creates VMIs directly (no VM) and checks

@@ -130,7 +130,7 @@ def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmClust
     # virt-controller asked the raw device names of kube-scheduler, one unit per GPU.
     compute = next(c for c in launcher["spec"]["containers"] if c["name"] == "compute")
     assert compute["resources"]["requests"][H100] == "2"
-    assert vmi["status"]["activePods"] == {launcher["metadata"]["uid"]: node}
+    assert vmi["status"].get("activePods") == {launcher["metadata"]["uid"]: node}  # written by virt-controller
 
     # Counted once: the set's 2 units, not 2 more for the launcher asking the same devices.
     mirrored(lambda: models.Pod.objects.filter(uid=launcher["metadata"]["uid"], phase="Running").exists()

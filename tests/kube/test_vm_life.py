@@ -516,7 +516,4 @@ def test_a_borrowed_set_marked_for_reclaim_is_released_only_once_its_vm_has_stop
     assert all(p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp")
                for p in vm_cluster.launchers("t1", "vm1"))  # fmt: skip
     assert vm_cluster.gpus("t1")[borrower[0]]["status"]["phase"] == "Pending"
-    # The decision log says why (the device's own reason has moved on: it waits as an order again).
-    reasons = list(models.Decision.objects.filter(namespace="t1", vm_name="vm1").values_list("reason", flat=True))
-    assert any("t2/vm2" in r and r.startswith("pending:") for r in reasons), reasons
     assert not models.Pod.objects.filter(uid=launcher["metadata"]["uid"]).exists()

@@ -98,17 +98,14 @@ def without_sets(result: PassResult, sets: Collection[SetKey]) -> PassResult:
     if not sets:
         return result
     dropped = set(sets)
+    devices = tuple(d for d in result.devices if d.set_key not in dropped)
+    kept = {d.key for d in devices}
     return dataclasses.replace(
         result,
-        devices=tuple(d for d in result.devices if d.set_key not in dropped),
+        devices=devices,
         changes=tuple(c for c in result.changes if (c.namespace, c.vm_name) not in dropped),
-        answered=tuple(k for k in result.answered if not _answer_of(result, k, dropped)),
+        answered=tuple(k for k in result.answered if k in kept),
     )
-
-
-def _answer_of(result: PassResult, key: tuple[str, str], dropped: set[SetKey]) -> bool:
-    device = next((d for d in result.devices if d.key == key), None)
-    return device is not None and device.set_key in dropped
 
 
 def locked_devices(

@@ -284,17 +284,20 @@ def make_pki(directory: Path, serving_names: tuple[str, ...]) -> Pki:
 class Process:
     """One binary of the control plane, its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log = log
+        #: Variables set for this binary beside the test process's own (each start, restarts too).
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         handle = self.log.open("ab")
         self.proc = subprocess.Popen(
-            self.argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+            self.argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
+        )  # fmt: skip
         handle.close()
 
     def running(self) -> bool:

@@ -173,16 +173,9 @@ class VmCluster:
              f"--prom-cert-file={crt}", f"--prom-key-file={key}",
              "--listen=127.0.0.1", f"--port={self.virt_controller_port}"],
             plane.dir / "virt-controller.log",
+            env={"POD_NAMESPACE": KUBEVIRT_NAMESPACE},  # where virt-controller looks for KubeVirt's object
         )  # fmt: skip
-        env_before = os.environ.get("POD_NAMESPACE")
-        os.environ["POD_NAMESPACE"] = KUBEVIRT_NAMESPACE  # read by virt-controller at start
-        try:
-            plane.processes["virt-controller"].start()
-        finally:
-            if env_before is None:
-                os.environ.pop("POD_NAMESPACE", None)
-            else:
-                os.environ["POD_NAMESPACE"] = env_before
+        plane.processes["virt-controller"].start()
         plane._wait("virt-controller", self._virt_controller_leads, timeout=120)
 
     def _virt_controller_leads(self) -> bool:

@@ -165,11 +165,12 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
     monkeypatch.setattr(records, "_LIST_VMIS_FROM", 200)
     apiserver.faults.decide = None
     assert conflicted == {"gpus", "gpuclasses", "gpubudgets"}
-    # The VMI ends: its pods are the next pass's subjects, their VMI read by a GET.
+    # The VMI changes (its owner relabels it): its pods are the next pass's subjects, their VMI
+    # read by a GET.
     apiserver.request(
         "PATCH",
         "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1",
-        {"status": {"activePods": None}},
+        {"metadata": {"labels": {"team": "vision"}}},
     )
     as_identity(apiserver, "gpuplane-sync")
     sync.sync_once()

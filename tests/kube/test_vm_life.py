@@ -19,20 +19,23 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from binder import models
+from binder import models, sync
 from binder.reports.state import cluster_state
+from binder.runtime.passes import run_pass
 from binder.usage_record import UsageRecord
 from tests.support.accounts import account
-from tests.support.controlplane import ApiError
+from tests.support.controlplane import UNION_USER, ApiError
 from tests.support.shapes import H100, budget_obj, class_obj
 from tests.support.vm_cluster import (
     NOT_READY_LABEL,
     TENANT_USER,
+    VMS,
     Gpuplane,
     VmCluster,
     forged_launcher,
     pod_path,
     raw_pod,
+    virtual_machine,
     wait_for,
 )
 
@@ -202,6 +205,45 @@ def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     assert second["spec"]["nodeName"] == node
     assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
+
+
+def test_usage_records_read_the_launchers_vmi_fresh_not_from_a_lagging_mirror(vm_cluster: VmCluster) -> None:
+    """Each kind has its own watch, so the mirror may hold a launcher pod before the VMI that
+    lists it. The usage step reads that VMI from the API server at the pass (one GET), not from
+    the mirror: the launcher is recognised, and no raw record opens for GPUs its set already
+    holds. gpuplane runs in this process here, so the test decides which kind the sync follows."""
+    two_nodes(vm_cluster)
+    devices = order(vm_cluster, "t1", "vm1", 2)
+    sync.sync_once()
+    run_pass("full")
+    ((phase, node),) = placement(vm_cluster, "t1", devices)
+    assert phase == "Bound"
+    # The VM as the webhook leaves it (no webhook in this test): pinned, its devices by raw name.
+    hostname = "hgx-01" if node == "n1" else node
+    vm = virtual_machine("t1", "vm1", devices, node_selector={"kubernetes.io/hostname": hostname})
+    for device in vm["spec"]["template"]["spec"]["domain"]["devices"]["gpus"]:
+        device["deviceName"] = H100
+    vm_cluster.request("POST", VMS.format(ns="t1"), vm, identity=TENANT_USER)
+    launcher = vm_cluster.running_launcher("t1", "vm1")
+    uid = launcher["metadata"]["uid"]
+    wait_for(lambda: uid in ((vm_cluster.vmi("t1", "vm1") or {}).get("status") or {}).get("activePods", {}), 30,
+             "virt-controller listing the launcher")  # fmt: skip
+
+    # The Pod watch has delivered, the VMI watch not yet.
+    sync.KindSync("Pod", threading.Event(), relist_seconds=0, watch_seconds=1).relist()
+    assert models.Pod.objects.filter(uid=uid).exists()
+    assert not models.VirtualMachineInstance.objects.filter(name="vm1").exists()
+    vm_cluster.plane.mark_calls()
+    run_pass("full")
+    assert ("kubevirt.io", "virtualmachineinstances", "get") in [c.rbac for c in vm_cluster.plane.calls(UNION_USER)]
+    assert not UsageRecord.objects.filter(namespace="t1", subject_kind="Pod").exists()
+    assert UsageRecord.objects.filter(namespace="t1", subject_kind="GPU", end=None).count() == 2
+
+    # Once the VMI is mirrored too, the mirror says what the API said: activePods as virt-controller wrote it.
+    sync.KindSync("VirtualMachineInstance", threading.Event(), relist_seconds=0, watch_seconds=1).relist()
+    assert models.VirtualMachineInstance.objects.get(name="vm1").active_pods == {uid: node}
+    run_pass("full")
+    assert not UsageRecord.objects.filter(namespace="t1", subject_kind="Pod").exists()
 
 
 def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:

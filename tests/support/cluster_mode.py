@@ -45,8 +45,13 @@ def mirrored_devices() -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def seed_cluster(server: ControlPlane) -> None:
-    """Two tenants: t1's vm1 (2 h100 Bound on n1) with its real launcher and a pod forging
-    a launcher's owner; an order of 2 a10 in t2; a budget; three nodes."""
+    """Two tenants: t1's vm1 (2 h100 Bound on n1) with its launcher and a pod forging a
+    launcher's owner; an order of 2 a10 in t2; a budget; three nodes.
+
+    No virt-controller runs on this control plane, so nothing writes the VMI's
+    ``status.activePods`` and neither pod is the VMI's launcher: both count as raw usage,
+    as a launcher does in the moment before virt-controller lists it. Tests of what the
+    real writer lists run on the VM cluster (tests/kube/test_vm_life.py)."""
     server.seed(
         namespace_obj("t1"),
         namespace_obj("t2"),
@@ -62,13 +67,11 @@ def seed_cluster(server: ControlPlane) -> None:
         gpu_obj("t2", "vm9-gpu1", "a10", "vm9"),
         plain_pod_obj("t2", "trainer", A10, 1, "n2"),
     )
-    # As KubeVirt does it: the VMI first, its launcher pod owned by the VMI's real uid, then
-    # the VMI's status naming the pod's real uid (a pod whose owner does not exist would be
-    # deleted by the garbage collector). The forger copies the owner reference: it proves nothing.
+    # As KubeVirt does it: the VMI first, then its launcher pod owned by the VMI's real uid (a
+    # pod whose owner does not exist would be deleted by the garbage collector). The forger
+    # copies the owner reference.
     (vmi,) = server.seed(vmi_obj("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"], {}, "n1"))
-    (launcher,) = server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
-    path = "/apis/kubevirt.io/v1/namespaces/t1/virtualmachineinstances/vm1"
-    server.request("PATCH", path, {"status": {"activePods": {launcher["metadata"]["uid"]: "n1"}}})
+    server.seed(launcher_obj(vmi, H100, 2, "n1", name="virt-launcher-vm1-real1"))
     server.seed(launcher_obj(vmi, H100, 3, "n1", name="virt-launcher-vm1-fake1"))
 
 

@@ -93,6 +93,54 @@ def held_back_by(result: PassResult, stale: Collection[SetKey], *, later: bool) 
     return held
 
 
+def placed_into_kept_room(
+    result: PassResult, state: ClusterState, stale: Collection[SetKey], *, written: Collection[SetKey] = ()
+) -> set[SetKey]:
+    """The sets ``result`` places onto a node that a set staying where it is (``stale``) still
+    holds: the pass counted that set's units as freed there, so writing them would book the
+    node past its capacity. They wait for the next pass, which decides from where the stale set
+    is; and a set held back this way stays on its own node too, so the sets placed into the room
+    it would have freed wait as well (to a fixpoint). ``written``: sets already written (cluster
+    mode: their first member landed), which stay written, not held."""
+    decided, ids = state.records["GPU"], state.device_ids
+    arriving: dict[str, set[SetKey]] = {}
+    for device in result.devices:
+        object_id = ids.get(device.key)
+        old = decided.get(object_id) if object_id is not None else None
+        was = old.node if old is not None and old.phase is e.Phase.BOUND else ""
+        if device.phase is e.Phase.BOUND and device.node != was:
+            arriving.setdefault(device.node, set()).add(device.set_key)
+    held: set[SetKey] = set()
+    staying, seen_nodes = set(stale), set[str]()
+    while staying:
+        nodes = {
+            d.node for key in staying for d in (state.members.get(key) or {}).values() if d.phase is e.Phase.BOUND
+        } - seen_nodes
+        seen_nodes |= nodes
+        staying = {key for node in nodes for key in arriving.get(node, ())} - held - set(stale) - set(written)
+        held |= staying
+    for namespace, vm in sorted(held):
+        log.info("set %s/%s waits for the next pass: its node's room is still held by a set that stays", namespace, vm)
+    return held
+
+
+def waiting_on(
+    result: PassResult, state: ClusterState, stale: Collection[SetKey], *, later: bool, written: Collection[SetKey] = ()
+) -> set[SetKey]:
+    """Everything that must not be written because the sets ``stale`` stay where they are:
+    :func:`held_back_by` and :func:`placed_into_kept_room`, each of which may hold back more for
+    the other, to a fixpoint."""
+    held: set[SetKey] = set()
+    while True:
+        staying = set(stale) | held
+        more = (
+            held_back_by(result, staying, later=later) | placed_into_kept_room(result, state, staying, written=written)
+        ) - staying
+        if not more:
+            return held
+        held |= more
+
+
 def without_sets(result: PassResult, sets: Collection[SetKey]) -> PassResult:
     """``result`` with nothing of ``sets`` written: their devices, decisions and answers dropped."""
     if not sets:
@@ -148,7 +196,7 @@ def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassRes
     }  # fmt: skip
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: a VMI was admitted to it meanwhile", namespace, vm)
-    stale |= held_back_by(result, stale, later=True)
+    stale |= waiting_on(result, state, stale, later=True)
     kept = without_sets(result, stale)
     return kept, len(result.devices) - len(kept.devices)
 

@@ -194,8 +194,9 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
         landed = {d.set_key for d in writes.patch_many("GPU", [*first, *guarded])}
         stale |= {w[0].set_key for w in (*first, *guarded) if w[0].set_key not in landed}
         written = [w[0] for w in first if w[0].set_key in landed]
-    # Making room: a set for which a move of its plan did not land has no room; it waits.
-    held_back = admissions.held_back_by(result, stale, later=False)
+    # Making room: a set for which a move of its plan did not land has no room; it waits. So does
+    # a set placed where a set that stays still holds its units.
+    held_back = admissions.waiting_on(result, state, stale, later=False, written={d.set_key for d in written})
     written += writes.patch_many("GPU", [w for w in rest if w[0].set_key not in stale | held_back])
     for namespace, vm in sorted(stale):
         log.info("set %s/%s stays where it is this pass: its first member changed (a VMI admitted to it?)",

@@ -26,7 +26,18 @@ from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
 from tests.support.clock import Clock
-from tests.support.shapes import A10, NOW, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, real, vmi_obj
+from tests.support.shapes import (
+    A10,
+    NOW,
+    class_obj,
+    gpu_obj,
+    launcher_obj,
+    namespace_obj,
+    node_obj,
+    plain_pod_obj,
+    real,
+    vmi_obj,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,6 +244,42 @@ def test_a_move_that_does_not_land_holds_back_the_later_moves_and_the_waiting_se
     # The next pass sees b admitted just now: it stays; a alone cannot free n1 (4 + 2 < 8).
     run_pass(models.PassKind.FULL, state)
     assert where("b") == {("Bound", "n1")} and where("big") == {("Pending", "")}
+
+
+@pytest.mark.django_db
+def test_a_set_placed_where_a_move_that_did_not_land_frees_room_waits(monkeypatch: Any) -> None:
+    """A raw pod over-books n1 (6 units beside the 4 of t1/s, stopped), so the pass moves s to n2
+    and places t2/p (2 GPUs) into the room that frees on n1. The webhook admitted a VMI to s
+    after the pass's catch-up: s stays on n1, so p must not be written there (n1 would hold 12 of
+    8 units); it waits for the next pass, which places it where there is room."""
+    load_objects([
+        *(namespace_obj(ns) for ns in ("t1", "t2", "t3")),
+        class_obj("a10", A10),
+        node_obj("n1", {A10: 8}),
+        node_obj("n2", {A10: 8}),
+        *held("t1", "s", 4, "n1"),
+        virtual_machine("t1", "s"),
+        *held("t3", "c", 2, "n2"),
+        plain_pod_obj("t3", "trainer", A10, 6, "n1"),
+        *(gpu_obj("t2", f"p-gpu{i}", "a10", "p") for i in range(2)),
+    ])  # fmt: skip
+    state = ClusterState()
+    planned: dict[str, tuple[str, str]] = {}
+    real_hold = admissions.hold_first_members
+
+    def admitted_meanwhile(result: e.PassResult, st: ClusterState) -> tuple[e.PassResult, int]:
+        planned.update({d.name: (d.phase.value, d.node) for d in result.devices})
+        models.GpuDevice.objects.filter(name="s-gpu0").update(admitted=timezone.now())
+        return real_hold(result, st)
+
+    monkeypatch.setattr(admissions, "hold_first_members", admitted_meanwhile)
+    run_pass(models.PassKind.FULL, state)
+    assert planned["s-gpu0"] == ("Bound", "n2") and planned["p-gpu0"] == ("Bound", "n1")  # what the pass decided
+    assert where("s") == {("Bound", "n1")} and where("p") == {("Pending", "")}
+    monkeypatch.setattr(admissions, "hold_first_members", real_hold)
+    # The next pass decides from s where it is (admitted just now: it stays) and places p elsewhere.
+    run_pass(models.PassKind.FULL, state)
+    assert where("s") == {("Bound", "n1")} and where("p") == {("Bound", "n2")}
 
 
 def test_held_back_names_the_waiting_set_and_the_sets_taken_after_a_stale_one() -> None:

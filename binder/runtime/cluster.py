@@ -189,11 +189,10 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
             stale |= {s for s, name in moving.items() if (s[0], name) == key}
             continue
         guarded.append((record, record.namespace, record.name, device_status(record), version))
-    written: list[e.Device] = []
-    if first or guarded:
-        landed = {d.set_key for d in writes.patch_many("GPU", [*first, *guarded])}
-        stale |= {w[0].set_key for w in (*first, *guarded) if w[0].set_key not in landed}
-        written = [w[0] for w in first if w[0].set_key in landed]
+    lead_writes = [*first, *guarded]
+    landed = _write_first_members(writes, lead_writes, result, set(moving), stale)
+    stale |= {w[0].set_key for w in lead_writes if w[0].set_key not in landed}
+    written = [w[0] for w in first if w[0].set_key in landed]
     # Making room: a set for which a move of its plan did not land has no room; it waits. So does
     # a set placed where a set that stays still holds its units.
     held_back = admissions.waiting_on(result, state, stale, later=False, written={d.set_key for d in written})
@@ -213,6 +212,33 @@ def write_status(result: PassResult, state: ClusterState) -> tuple[PassResult, i
         budget_used=budgets,
     )
     return narrowed, writes.failed + failed
+
+
+def _write_first_members(
+    writes: _Writes,
+    leads: Sequence[tuple[e.Device, str, str, Mapping[str, Any], str]],
+    result: PassResult,
+    moving: set[tuple[str, str]],
+    stale: set[tuple[str, str]],
+) -> set[tuple[str, str]]:
+    """Write the first members of the moving sets; the sets whose write landed. Making room's
+    moves go in each plan's order, one at a time: a taken set whose write does not land stays,
+    and so do the sets taken after it (added to ``stale``; SPEC §4 "Making room"). Every other
+    first member goes out at once."""
+    in_plan = {key for taken in result.room_plans.values() for key in taken}
+    landed = {d.set_key for d in writes.patch_many("GPU", [w for w in leads if w[0].set_key not in in_plan])}
+    by_set = {w[0].set_key: w for w in leads if w[0].set_key in in_plan}
+    for _, taken in sorted(result.room_plans.items()):
+        for index, key in enumerate(taken):
+            if key in landed or key not in moving:
+                continue
+            if key not in stale and key in by_set and writes.patch_many("GPU", [by_set[key]]):
+                landed.add(key)
+                continue
+            stale.add(key)
+            stale.update(k for k in taken[index + 1 :] if k not in landed)
+            break
+    return landed
 
 
 def _write_class_and_budget_status(

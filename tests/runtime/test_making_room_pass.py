@@ -291,6 +291,44 @@ def test_held_back_names_the_waiting_set_and_the_sets_taken_after_a_stale_one() 
     assert admissions.held_back_by(result, {("t9", "other")}, later=True) == set()
 
 
+class RefusingWrites:
+    """``binder.runtime.cluster._Writes`` as the API answers it: every status write lands except
+    those of the sets named (a 409: the webhook's admitted write came first); the calls in order."""
+
+    def __init__(self, refused: set[tuple[str, str]]) -> None:
+        self.refused, self.calls = refused, list[list[str]]()
+
+    def patch_many(self, kind: str, writes: Any) -> list[e.Device]:
+        self.calls.append([w[0].name for w in writes])
+        return [w[0] for w in writes if w[0].set_key not in self.refused]
+
+
+def test_cluster_mode_writes_a_plans_moves_in_order_and_stops_at_the_first_that_does_not_land() -> None:
+    """SPEC §4 "Making room": a taken set whose write conflicts stays, and so do the sets taken
+    after it; the sets taken before it stay where they went. Sets outside any plan go at once."""
+    from binder.runtime import cluster as cluster_writes
+    from tests.support.shapes import gpu
+
+    plan = (("t1", "x"), ("t1", "y"), ("t1", "z"))
+    result = e.PassResult(devices=(), changes=(), counts={}, room_plans={("t2", "big"): plan})
+    leads = [
+        (gpu(ns, f"{vm}-gpu0", "a10", vm, phase="Bound", node="n2"), ns, f"{vm}-gpu0", {}, "1")
+        for ns, vm in (*plan, ("t3", "other"))
+    ]
+    writes = RefusingWrites({("t1", "y")})
+    stale: set[tuple[str, str]] = set()
+    moving = {w[0].set_key for w in leads}
+    landed = cluster_writes._write_first_members(writes, leads, result, moving, stale)  # type: ignore[arg-type]
+    assert landed == {("t1", "x"), ("t3", "other")}
+    assert stale == {("t1", "y"), ("t1", "z")}
+    assert writes.calls == [["other-gpu0"], ["x-gpu0"], ["y-gpu0"]]  # z is never written
+    # A taken set already known stale (its row changed) is not written at all; nor what follows.
+    writes, stale = RefusingWrites(set()), {("t1", "x")}
+    landed = cluster_writes._write_first_members(writes, leads, result, moving, stale)  # type: ignore[arg-type]
+    assert landed == {("t3", "other")} and stale == set(plan)
+    assert writes.calls == [["other-gpu0"]]
+
+
 # -- the settings ------------------------------------------------------------------------------
 
 

@@ -20,7 +20,8 @@ the kustomization's configMapGenerator, so overlays keep merging into it. Each t
 the file of the same name; the CRDs are copied as they are.
 
 The values schema is values.yaml read the way the table is: every key with its type (from its
-default), its description (its ``# --`` comment), and a map whose keys are the chart's own
+default), its description (its ``# --`` comment: the summary the values table shows and the
+details it lists below the table, as one text), and a map whose keys are the chart's own
 (``web``, ``secrets.database``...) closed with ``additionalProperties: false``, so a mistyped
 key fails ``helm lint``/``install`` naming it. A documented key whose default is a map
 (``resources``, ``nodeSelector``...) is the user's to fill and stays open. A ``# @schema {...}``
@@ -206,10 +207,12 @@ def base_files() -> dict[Path, str]:
 # -- the values table ----------------------------------------------------------------------------
 
 
-def values_rows(text: str) -> list[tuple[str, str, str]]:
-    """(dotted key, default, description) for every key documented with a ``# --`` comment above
-    it, in file order; a description runs on over the following ``#`` lines."""
-    rows: list[tuple[str, str, str]] = []
+def values_docs(text: str) -> list[tuple[str, str, str, list[str]]]:
+    """(dotted key, default, summary, details) for every key documented with a ``# --`` comment
+    above it, in file order. The summary runs on over the following ``#`` lines; an empty ``#``
+    line ends it, and what follows are the details: items each begun by a ``# - `` line (or one
+    item of plain lines). The values table shows the summary, the details below it."""
+    rows: list[tuple[str, str, str, list[str]]] = []
     values = yaml.safe_load(text)
     path: list[tuple[int, str]] = []
     doc: list[str] | None = None
@@ -237,9 +240,29 @@ def values_rows(text: str) -> list[tuple[str, str, str]]:
                 assert isinstance(value, dict)
                 value = value[key]
             default = "(a map, below)" if isinstance(value, dict) and value and keys == ["settings"] else _show(value)
-            rows.append((".".join(keys), default, " ".join(doc)))
+            summary, details = _summary_and_details(doc)
+            rows.append((".".join(keys), default, summary, details))
         doc = None
     return rows
+
+
+def _summary_and_details(doc: list[str]) -> tuple[str, list[str]]:
+    cut = doc.index("") if "" in doc else len(doc)
+    items: list[list[str]] = []
+    for line in doc[cut:]:
+        if not line:
+            continue
+        if line.startswith("- ") or not items:
+            items.append([line.removeprefix("- ")])
+        else:
+            items[-1].append(line)
+    return " ".join(doc[:cut]), [" ".join(item) for item in items]
+
+
+def values_rows(text: str) -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every documented key: the description is the
+    summary and the details as one text (the schema's ``description``)."""
+    return [(key, default, " ".join([summary, *details])) for key, default, summary, details in values_docs(text)]
 
 
 def schema_hints(text: str) -> dict[str, dict[str, object]]:
@@ -344,9 +367,20 @@ def _cell(text: str) -> str:
 
 
 def values_table() -> str:
-    rows = values_rows((CHART / "values.yaml").read_text())
+    """The table of every value's summary, then the details of the values that have them."""
+    rows = values_docs((CHART / "values.yaml").read_text())
     lines = ["| value | default | meaning |", "|---|---|---|"]
-    lines += [f"| `{key}` | {_cell(default)} | {_cell(doc)} |" for key, default, doc in rows]
+    for key, default, summary, details in rows:
+        more = " More below the table." if details else ""
+        lines.append(f"| `{key}` | {_cell(default)} | {_cell(summary + more)} |")
+    if any(details for *_, details in rows):
+        lines += ["", "The details of the values marked *More below the table*:", ""]
+    for key, _, _, details in rows:
+        if len(details) == 1:
+            lines.append(f"- `{key}`: {details[0]}")
+        elif details:
+            lines.append(f"- `{key}`:")
+            lines += [f"  - {item}" for item in details]
     return "\n".join(lines)
 
 

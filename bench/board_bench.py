@@ -316,7 +316,7 @@ def time_browser(runs: int, session: str) -> dict[str, Any]:
 
     from django.db import connections
 
-    from tests.support.browsing import launch_chromium  # the browser tests' Chromium and its arguments
+    from harness.browsing import launch_chromium  # the browser tests' Chromium and its arguments
 
     connections.close_all()
     context_mp = multiprocessing.get_context("fork")

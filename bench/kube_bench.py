@@ -201,7 +201,7 @@ class Tally:
         import http.client
         import json
 
-        from tests.support.controlplane import ADMIN_USER
+        from harness.controlplane import ADMIN_USER
 
         host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
         sep = "&" if "?" in self.path else "?"
@@ -277,7 +277,7 @@ class Bench:
     """One run: the control plane, the fleet, and the figures gathered on the way."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from tests.support.controlplane import ControlPlane
+        from harness.controlplane import ControlPlane
 
         self.args = args
         self.rng = random.Random(args.seed)
@@ -317,7 +317,7 @@ class Bench:
         return in_parallel(self.args.threads, [lambda o=o: self.plane.seed(o) for o in objects])
 
     def nodes(self, count: int, first: int = 0) -> list[str]:
-        from tests.support.shapes import node_obj
+        from harness.shapes import node_obj
 
         names = [f"n{i:05d}" for i in range(first, first + count)]
 
@@ -333,7 +333,7 @@ class Bench:
 
     def setup(self) -> None:
         from binder.kube.client import FINALIZER
-        from tests.support.shapes import class_obj, gpu_obj, namespace_obj
+        from harness.shapes import class_obj, gpu_obj, namespace_obj
 
         args = self.args
         print(f"creating {args.nodes:,} nodes", file=sys.stderr, flush=True)
@@ -370,7 +370,7 @@ class Bench:
         self.over_sizes = sets_of(int(free_units * args.over), self.rng)
 
     def orders(self, batch: str, sizes: list[int], first: int = 0) -> list[dict[str, Any]]:
-        from tests.support.shapes import gpu_obj
+        from harness.shapes import gpu_obj
 
         gpus = []
         for index, size in enumerate(sizes, start=first):
@@ -538,8 +538,8 @@ class Bench:
         return counts["bound"], counts["unschedulable"], len(items)
 
     def run_scheduler(self) -> None:
-        from tests.support.controlplane import tool
-        from tests.support.shapes import namespace_obj
+        from harness.controlplane import tool
+        from harness.shapes import namespace_obj
 
         # The fleet, as the scheduler sees a cluster's running pods: one per node, bound there.
         self.plane.seed(namespace_obj("fleet"))
@@ -608,7 +608,7 @@ class Bench:
     # -- VMI creates ----------------------------------------------------------------------------
 
     def register(self, url: str) -> None:
-        from tests.support.manifests import overlay
+        from harness.manifests import overlay
 
         (config,) = [d for d in overlay("cluster") if d["kind"] == "MutatingWebhookConfiguration"]
         config["webhooks"][0]["clientConfig"] = {
@@ -622,7 +622,7 @@ class Bench:
         self.plane.apply(config)
 
     def vmi(self, namespace: str, vm: str, devices: list[str]) -> dict[str, Any]:
-        from tests.support.factories import new_vmi
+        from harness.factories import new_vmi
 
         body = new_vmi(namespace, vm, devices)
         body.pop("status", None)
@@ -642,7 +642,7 @@ class Bench:
 
     def time_bound(self, count: int, port: int) -> None:
         """VMI creates naming Bound sets, through the webhook and past it, side by side."""
-        from tests.support.shapes import namespace_obj
+        from harness.shapes import namespace_obj
 
         # Bound sets, webhook on and off side by side: each "off" create is the same
         # VMI in a namespace the registration leaves out, and the two alternate in ABBA
@@ -691,7 +691,7 @@ class Bench:
         import http.client
         import json
 
-        from tests.support.factories import review
+        from harness.factories import review
 
         headers = {"Authorization": f"Bearer {self.plane.webhook_token}", "Content-Type": "application/json"}
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=self.plane.ssl_context(), timeout=15)

@@ -28,7 +28,7 @@ kube-apiserver would fail the VMI CREATE then. The mix (of calls):
 * ``plain`` (the rest, 10%): a VMI naming no gpuplane devices (the captured fedora06
   naming ``nvidia.com/GA102GL_A10`` directly): allowed untouched, no query.
 
-Reviews are the real AdmissionReview shape (``tests.support.factories.new_vmi`` / ``review``,
+Reviews are the real AdmissionReview shape (``harness.factories.new_vmi`` / ``review``,
 the Bound ones from ``webhook_bench.bound_bodies``). A progress line every 5 s.
 Afterwards, once the worker is idle, the database is checked for double bookings with
 the project's own ledger (``binder.mirror.read.read_cluster`` + ``binder.engine.ledger_for``):
@@ -214,8 +214,8 @@ class Call:
 
 def plain_bodies(count: int, namespaces: list[str], rng: random.Random) -> list[tuple[tuple[str, str], dict]]:
     """VMIs naming no gpuplane devices: the captured fedora06 (raw ``nvidia.com/GA102GL_A10``)."""
-    from tests.support.factories import review
-    from tests.support.shapes import real
+    from harness.factories import review
+    from harness.shapes import real
 
     out = []
     for i in range(count):
@@ -232,7 +232,7 @@ def plain_bodies(count: int, namespaces: list[str], rng: random.Random) -> list[
 def plan(args: argparse.Namespace, tag: str, rate: float, seconds: float, rng: random.Random) -> list[Call]:
     """The calls of one run, each due on the fixed clock, the cases shuffled in."""
     from binder import models
-    from tests.support.factories import new_vmi, review
+    from harness.factories import new_vmi, review
 
     dues = schedule(rate, seconds, args.burst_rate if tag == "run" else 0, args.burst_at, args.burst_seconds)
     total = len(dues)

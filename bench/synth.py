@@ -513,7 +513,7 @@ def bound_bodies(count: int) -> list[dict[str, Any]]:
     from django.db import connection
 
     from binder import models
-    from tests.support.factories import new_vmi, review
+    from harness.factories import new_vmi, review
 
     devices = models.GpuDevice._meta.db_table
     namespaces = models.Namespace._meta.db_table

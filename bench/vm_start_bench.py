@@ -1,7 +1,7 @@
 """What gpuplane adds to a VM start, on the VM cluster: VMI create → launcher pod Running.
 
 Not a test: it prints a markdown table for docs/benchmarks.md (and, with ``--json``, its raw
-figures). It starts the VM cluster of the tests (``tests/support/vm_cluster.py``): etcd,
+figures). It starts the VM cluster of the tests (``harness/vm_cluster.py``): etcd,
 kube-apiserver and kube-controller-manager, kube-scheduler, KubeVirt's virt-controller v1.8.2
 and kwok playing ``--nodes`` kubelets (``--gpus-per-node`` units of one raw GPU resource each),
 then gpuplane as deployed (:class:`Gpuplane`: ``sync_cluster``, a binder ``celery worker`` and
@@ -274,7 +274,7 @@ class Launchers:
         return str(listed["metadata"]["resourceVersion"])
 
     def _follow(self, version: str) -> None:
-        from tests.support.controlplane import ADMIN_USER
+        from harness.controlplane import ADMIN_USER
 
         host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
         headers = {"Authorization": f"Bearer {self.plane.token(ADMIN_USER)}"}
@@ -419,9 +419,9 @@ class Bench:
     # -- set-up ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from tests.support import workers
-        from tests.support.shapes import class_obj
-        from tests.support.vm_cluster import Gpuplane, VmCluster
+        from harness import workers
+        from harness.shapes import class_obj
+        from harness.vm_cluster import Gpuplane, VmCluster
 
         args = self.args
         # The cluster's processes and gpuplane's under this run's Redis keys.
@@ -495,7 +495,7 @@ class Bench:
         """Leave ``namespace`` out of deploy/'s webhook registration: its VMIs never reach
         gpuplane. Waits until a dry-run VMI there naming a gpuplane device that does not exist
         is allowed (the webhook would refuse it)."""
-        from tests.support.controlplane import ApiError
+        from harness.controlplane import ApiError
 
         config = self.plane.request("GET", WEBHOOK_CONFIG)
         (excluded,) = config["webhooks"][0]["namespaceSelector"]["matchExpressions"]
@@ -518,7 +518,7 @@ class Bench:
     def vmi(namespace: str, name: str, device_names: list[str]) -> dict[str, Any]:
         """A VMI as KubeVirt's VM controller makes it from the tests' VM template (a container
         disk, no network), its GPUs named by ``device_names``."""
-        from tests.support.vm_cluster import virtual_machine
+        from harness.vm_cluster import virtual_machine
 
         template = virtual_machine(namespace, name, [])["spec"]["template"]
         spec = template["spec"]
@@ -567,7 +567,7 @@ class Bench:
         """Create the VMI of ``vm`` for ``arm`` (B: its GPUs first, untimed) and wait until its
         launcher runs; (create → Running s, the create call's s, the launcher's node, VMI uid),
         or None when the create was refused (counted, and the run goes on)."""
-        from tests.support.controlplane import ApiError
+        from harness.controlplane import ApiError
 
         try:
             return self._start_vm(arm, vm)
@@ -667,7 +667,7 @@ class Bench:
 
     def stop_vms(self, arm: str, vms: list[str]) -> None:
         """Delete the VMIs (B: and their GPUs); wait until VMIs and launchers are gone."""
-        from tests.support.controlplane import ApiError
+        from harness.controlplane import ApiError
 
         namespace = NAMESPACES[arm]
         for vm in vms:
@@ -845,7 +845,7 @@ def database(url: str, keep: bool) -> Iterator[None]:
 def forget_keys() -> None:
     import redis
 
-    from tests.support import workers
+    from harness import workers
 
     client = redis.Redis.from_url(REDIS_URL)
     for key in client.scan_iter(match=workers.PREFIX + "*"):

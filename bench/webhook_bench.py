@@ -5,7 +5,7 @@ database (``bench/cluster_bench.py`` generates one; this bench never does), it s
 real parts as subprocesses: the webhook server (deploy/webhook_server.py; 2 workers x 26
 threads, plain HTTP on a free loopback port) and one ``celery worker`` (solo pool, queue ``binder``) on
 Redis database 12 under a key prefix of its own. Then it times ``POST /webhooks/vmi``
-calls (AdmissionReviews built from the real fixtures by ``tests.support.factories``, as the webhook tests do;
+calls (AdmissionReviews built from the real fixtures by ``harness.factories``, as the webhook tests do;
 each client thread keeps one keep-alive connection, as the kube-apiserver does) for:
 
 * Bound sets: existing sets Bound on one node; the webhook reads the namespace's slice
@@ -228,7 +228,7 @@ class PendingSets:
         """Insert the set's device (committed) and return the review of its VMI."""
         import psycopg
 
-        from tests.support.factories import new_vmi, review
+        from harness.factories import new_vmi, review
 
         ns, vm = spec
         # One connection for all client threads: the server's 52 threads and their LISTEN

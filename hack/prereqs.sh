@@ -6,7 +6,7 @@
 #   hack/prereqs.sh postgres   the same, plus PostgreSQL and Redis on 127.0.0.1 (also when
 #                              DATABASE_URL names PostgreSQL)
 # Run as root where apt-get is available, it installs Chromium itself (Debian's package,
-# as .ci/run does). GPUPLANE_CHROMIUM names another binary to check (tests/support/browsing.py
+# as .ci/run does). GPUPLANE_CHROMIUM names another binary to check (harness/browsing.py
 # drives /usr/bin/chromium).
 set -euo pipefail
 

@@ -5,7 +5,7 @@ automatic passes on to check them. With ``GPUPLANE_FORBID_SKIPS=1`` (the Postgre
 in CI) any skipped test fails the session, so a run that silently fell back is red.
 
 Test modules share objects through these fixtures and through the helper modules next
-to them (tests/support/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
+to them (harness/shapes.py, factories.py, webhook_calls.py, workers.py, cluster_mode.py,
 manifests.py, engine_invariants.py, accounts.py, clock.py, staff_cluster.py, browsing.py),
 never by importing another test module.
 """
@@ -29,14 +29,14 @@ from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from gpuplane.celery import app as celery_app
-from tests.support import databases, workers
-from tests.support.browsing import launch_chromium, load_demo, new_page
-from tests.support.clock import Clock
-from tests.support.controlplane import UNION_USER, ControlPlane, ControlPlaneError
-from tests.support.factories import two_tenants
-from tests.support.faults import FaultWebhook, WatchProxy
-from tests.support.staff_cluster import load_staff_cluster
-from tests.support.vm_cluster import Gpuplane, VmCluster
+from harness import databases, workers
+from harness.browsing import launch_chromium, load_demo, new_page
+from harness.clock import Clock
+from harness.controlplane import UNION_USER, ControlPlane, ControlPlaneError
+from harness.factories import two_tenants
+from harness.faults import FaultWebhook, WatchProxy
+from harness.staff_cluster import load_staff_cluster
+from harness.vm_cluster import Gpuplane, VmCluster
 
 # Property tests, state machines and the schemathesis fuzzer search afresh on every local
 # run (``make test``): that is how they find bugs. CI (``.ci/run``) sets
@@ -53,7 +53,7 @@ os.environ.setdefault("GPUPLANE_READ_MODEL_AT_START", "false")
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:
     """On PostgreSQL every test database (one per xdist worker) is a copy of one migrated
-    template (tests/support/databases.py) instead of a migration from nothing."""
+    template (harness/databases.py) instead of a migration from nothing."""
     db = django_settings.DATABASES["default"]
     if db["ENGINE"] == "django.db.backends.postgresql":
         with django_db_blocker.unblock():
@@ -86,7 +86,7 @@ def _close_answer_listener() -> Iterator[None]:
 
 @pytest.fixture
 def clock() -> Iterator[Clock]:
-    """Freeze ``django.utils.timezone.now`` at tests.support.shapes.NOW; ``clock.advance(hours=1)``."""
+    """Freeze ``django.utils.timezone.now`` at harness.shapes.NOW; ``clock.advance(hours=1)``."""
     c = Clock()
     with mock.patch("django.utils.timezone.now", side_effect=lambda: c.now):
         yield c
@@ -97,7 +97,7 @@ def clock() -> Iterator[Clock]:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Clock:
-    """Load two tenants (tests.support.factories.two_tenants), run a pass, 2 h later move t1's set
+    """Load two tenants (harness.factories.two_tenants), run a pass, 2 h later move t1's set
     to n3, 1 h later stop there. (tests/staff/test_admin.py and tests/staff/test_staff_pages.py define
     a ``cluster`` of their own, which takes the place of this one in those modules.)"""
     load_objects(two_tenants())
@@ -123,21 +123,21 @@ def fast_passwords(settings: Any) -> None:
 
 @pytest.fixture
 def placed(tmp_path: Path) -> models.PassRun:
-    """The staff cluster (tests/support/staff_cluster.py), placed by one full pass.
+    """The staff cluster (harness/staff_cluster.py), placed by one full pass.
     (tests/staff/test_staff_audit.py and tests/staff/test_staff_time.py define a ``placed`` of their own.)"""
     return load_staff_cluster(tmp_path)
 
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    """Debian's Chromium, per test (about a second; tests/support/browsing.py)."""
+    """Debian's Chromium, per test (about a second; harness/browsing.py)."""
     with launch_chromium() as chromium:
         yield chromium
 
 
 @pytest.fixture
 def page(live_server: Any, browser: Browser) -> Page:
-    """A 1280 × 900 page (tests/support/browsing.py's new_page) with the live server running; it
+    """A 1280 × 900 page (harness/browsing.py's new_page) with the live server running; it
     closes with the browser."""
     return new_page(browser)
 
@@ -149,7 +149,7 @@ def demo() -> None:
     load_demo()
 
 
-# -- cluster mode: a real control plane (tests/support/controlplane.py) ------------------------
+# -- cluster mode: a real control plane (harness/controlplane.py) ------------------------
 
 
 @pytest.fixture(scope="session")
@@ -200,7 +200,7 @@ def watch_proxy(apiserver: ControlPlane) -> Iterator[WatchProxy]:
         proxy.stop()
 
 
-# -- the VM cluster: kube-scheduler, KubeVirt's virt-controller and kwok (tests/support/vm_cluster.py) ----
+# -- the VM cluster: kube-scheduler, KubeVirt's virt-controller and kwok (harness/vm_cluster.py) ----
 
 
 @pytest.fixture(scope="session")
@@ -235,7 +235,7 @@ def vm_cluster(vm_cluster_session: VmCluster, settings: Any) -> Iterator[VmClust
 
 @pytest.fixture
 def gpuplane(vm_cluster: VmCluster, transactional_db: None, broker: redis.Redis, tmp_path: Path) -> Iterator[Gpuplane]:
-    """gpuplane as deployed on the VM cluster (tests/support/vm_cluster.py :class:`Gpuplane`),
+    """gpuplane as deployed on the VM cluster (harness/vm_cluster.py :class:`Gpuplane`),
     stopped before the test's database is emptied."""
     deployed = Gpuplane(vm_cluster, tmp_path, GPUPLANE_NODE_GRACE_SECONDS="5").start()
     try:
@@ -244,7 +244,7 @@ def gpuplane(vm_cluster: VmCluster, transactional_db: None, broker: redis.Redis,
         deployed.stop()
 
 
-# -- real parts: Redis, `celery worker`, gunicorn (tests/support/workers.py) ------------------------------
+# -- real parts: Redis, `celery worker`, gunicorn (harness/workers.py) ------------------------------
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The catalog of GPU options: the pure engine function and the DRF endpoint.
 
-Objects are built from the real Kubernetes/KubeVirt captures (tests/support/shapes.py). The
+Objects are built from the real Kubernetes/KubeVirt captures (harness/shapes.py). The
 numbers must come from the engine's ledger and the shared launcher reader: a pod that
 forges a launcher's owner reference and labels (its uid not in the VMI's activePods)
 lowers the free capacity and the remaining raw budget; the real launcher does not.
@@ -18,8 +18,8 @@ from binder.engine import Cluster, DefaultBudget, Settings
 from binder.engine import types as e
 from binder.engine.catalog import GpuOption, gpu_options
 from binder.mirror.snapshot import load_objects
-from tests.support.accounts import account, token_client
-from tests.support.shapes import (
+from harness.accounts import account, token_client
+from harness.shapes import (
     A10,
     H100,
     NOW,

@@ -19,7 +19,7 @@ from binder.engine import types as e
 from binder.engine.catalog import order_fit
 from binder.engine.explain import explain_sets
 from binder.engine.fit import is_settled
-from tests.support.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
+from harness.shapes import A10, H100, NOW, budget, engine, gpu_class, gpu_obj, launcher_obj, node, vmi_obj
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"
 CLASSES = (gpu_class("h100", H100), gpu_class("a100", A100), gpu_class("a10", A10))

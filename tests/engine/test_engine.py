@@ -9,7 +9,7 @@ from typing import Any
 from binder.engine import ANSWER_BOUND, ANSWER_REFUSED, Cluster, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.limits import effective_limits
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     H100,
     NOW,

@@ -1,6 +1,6 @@
 """A pod is a VMI's launcher only when the VMI lists its UID in activePods.
 
-Objects come from the real KubeVirt captures (tests/support/shapes.py); the checks go through
+Objects come from the real KubeVirt captures (harness/shapes.py); the checks go through
 the engine's ledger, the same numbers the binder, dump_state and the catalog use.
 """
 
@@ -10,7 +10,7 @@ import copy
 
 from binder.engine import Cluster, full_pass, is_launcher, launcher_of, ledger_for, raw_usage, tenant_usage
 from binder.engine import types as e
-from tests.support.shapes import (
+from harness.shapes import (
     H100,
     NOW,
     budget,

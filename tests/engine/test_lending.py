@@ -11,7 +11,7 @@ from binder.engine import Cluster, answer_pass, full_pass
 from binder.engine import types as e
 from binder.engine.accounting import ledger_for
 from binder.engine.limits import effective_limits
-from tests.support.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, vmi_obj
+from harness.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, vmi_obj
 
 A10_CLASS = gpu_class("a10", A10)
 H100_CLASS = gpu_class("h100", H100)
@@ -353,7 +353,7 @@ def test_the_ledger_counts_borrowed_units_apart_from_own_usage() -> None:
 
 
 def test_the_webhook_does_not_pin_a_marked_set_and_lets_a_borrowing_order_ask_the_binder() -> None:
-    from tests.support.factories import new_vmi, review
+    from harness.factories import new_vmi, review
     from webhooks import admission
     from webhooks.admission import Action, MirrorView
 

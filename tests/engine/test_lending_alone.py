@@ -13,7 +13,7 @@ from binder.engine import types as e
 from binder.engine.ledger_records import SetKey
 from binder.engine.lending import Lending
 from binder.engine.pass_placing import PlacingPass
-from tests.support.shapes import A10, NOW, budget, gpu, gpu_class, node
+from harness.shapes import A10, NOW, budget, gpu, gpu_class, node
 
 A10_CLASS = gpu_class("a10", A10)
 LENDER = (budget("t1", {"a10": 2}, borrowing={"a10": 4}),)

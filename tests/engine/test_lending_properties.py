@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from binder.engine import Cluster, full_pass
 from binder.engine import types as e
 from binder.engine.accounting import ledger_for
-from tests.support.shapes import A10, NOW, gpu_class
+from harness.shapes import A10, NOW, gpu_class
 
 A10_CLASS = gpu_class("a10", A10)
 MAX_PASSES = 12

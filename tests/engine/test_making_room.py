@@ -15,7 +15,7 @@ from binder.engine.making_room import MADE_ROOM, ROOM_REFUSED, MakingRoom, templ
 from binder.engine.pass_placing import PlacingPass
 from binder.engine.reasons import Code
 from binder.engine.types import Requirement, Term
-from tests.support.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, vmi_obj
+from harness.shapes import A10, H100, NOW, budget, engine, gpu, gpu_class, launcher_obj, node, vmi_obj
 
 A10_CLASS = gpu_class("a10", A10)
 H100_CLASS = gpu_class("h100", H100)

@@ -7,7 +7,7 @@ half-failed writes) with a full pass after each round. After every pass the inva
 below are recomputed *independently* from the resulting state: no engine Ledger, only
 ``launcher_of`` / ``raw_usage`` for the launcher rule (it has exactly one
 implementation). The world, its changes, that accounting and the checks live in
-tests/support/engine_invariants.py, which tests/system/test_stateful_engine.py shares.
+harness/engine_invariants.py, which tests/system/test_stateful_engine.py shares.
 
 1. no node is over-booked by devices alone; and a node the pass put more devices on is
    not over-booked by devices and pods together (booked units);
@@ -59,7 +59,7 @@ from binder.engine.types import (
     Settings,
     Vmi,
 )
-from tests.support.engine_invariants import (
+from harness.engine_invariants import (
     DRAIN,
     FULL_PASS_CHECKS,
     GHOST,

@@ -20,10 +20,10 @@ from binder.engine import Cluster, Taint, Toleration, full_pass, gpu_options
 from binder.engine import types as e
 from binder.kube.objects import ObjectError, parse_object
 from binder.mirror.snapshot import load_objects
-from tests.support.factories import new_vmi, review
-from tests.support.scheduler import launcher_for, schedulable
-from tests.support.shapes import H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, real
-from tests.support.webhook_calls import allowed_patch, post
+from harness.factories import new_vmi, review
+from harness.scheduler import launcher_for, schedulable
+from harness.shapes import H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, real
+from harness.webhook_calls import allowed_patch, post
 
 DEDICATED = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "dedicated", "effect": "NoSchedule"}
 

@@ -16,9 +16,9 @@ import pytest
 
 from binder import models, sync, tasks
 from binder.runtime import bind_requests
-from tests.support.cluster_mode import RowHolder, cluster_gpus
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.cluster_mode import RowHolder, cluster_gpus
+from harness.controlplane import ControlPlane
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509 import verification
 
-from tests.support.chart_cluster import ROOT, render, secret_data, service_account_kubeconfig
-from tests.support.controlplane import ControlPlane
+from harness.chart_cluster import ROOT, render, secret_data, service_account_kubeconfig
+from harness.controlplane import ControlPlane
 
 RELEASE = "certs"
 PREFIX = f"{RELEASE}-gpuplane"

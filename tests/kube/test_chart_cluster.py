@@ -3,7 +3,7 @@ rendered chart applied server-side (the CRDs for real, the rest with ``--dry-run
 apiserver validates every object as it would store it), and ``helm install``, ``upgrade`` and
 ``uninstall`` leaving no object of the release behind (the CRDs stay, as Helm keeps them).
 
-The control plane is the session fixture ``control_plane`` (tests/conftest.py, tests/support/
+The control plane is the session fixture ``control_plane`` (tests/conftest.py, harness/
 controlplane.py; ``.kubeconfig()`` is the admin's kubeconfig). The Prometheus
 Operator's kinds (ServiceMonitor, PrometheusRule) are left out here: their CRDs are not part of
 this control plane; tests/project/test_chart.py checks them with promtool and by rendering.
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.chart_tools import CHART, run, template_text, tool
+from harness.chart_tools import CHART, run, template_text, tool
 
 # The certificate and the CRD upgrade by hand here: their hook Jobs would wait for a kubelet
 # (tests/kube/test_chart_install.py runs them).
@@ -46,8 +46,8 @@ def kubeconfig(request: pytest.FixtureRequest) -> str:
     try:
         plane = request.getfixturevalue("control_plane")
     except pytest.FixtureLookupError:
-        pytest.skip("no control_plane fixture (tests/support/controlplane.py) in this tree")
-    kubeconfig = plane.kubeconfig  # a method of the admin identity (tests/support/controlplane.py)
+        pytest.skip("no control_plane fixture (harness/controlplane.py) in this tree")
+    kubeconfig = plane.kubeconfig  # a method of the admin identity (harness/controlplane.py)
     return str(kubeconfig() if callable(kubeconfig) else kubeconfig)
 
 

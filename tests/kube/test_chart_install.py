@@ -3,9 +3,9 @@ CRD, a rollback and an uninstall, as "Upgrade, rollback and version skew" says.
 
 The install block is run by bash as written, with two substitutions: the release and namespace
 (``gpuplane``/``gpuplane-system`` are deploy/'s on this control plane, installed by
-tests/support/controlplane.py) become ``docs``/``docs-system``, and ``/secure/`` (the operator's
+harness/controlplane.py) become ``docs``/``docs-system``, and ``/secure/`` (the operator's
 secret store) a directory of the test's. No kubelet and no controllers but the namespace and
-garbage-collector ones run here, so tests/support/chart_cluster.py's HookRunner does their part:
+garbage-collector ones run here, so harness/chart_cluster.py's HookRunner does their part:
 it runs each hook Job's command (the image's ``python``, this checkout) as the Job's
 ServiceAccount and marks the Job complete, and reports the Deployments rolled out. What the
 hooks do to the cluster (Secrets, the caBundle, the CRDs) is real and checked.
@@ -27,9 +27,9 @@ import yaml
 from cryptography import x509
 from cryptography.x509 import verification
 
-from tests.support.chart_cluster import helm_env, hooks_run, secret_data, tools_on_path
-from tests.support.chart_tools import CHART, ROOT, run, tool
-from tests.support.controlplane import ControlPlane
+from harness.chart_cluster import helm_env, hooks_run, secret_data, tools_on_path
+from harness.chart_tools import CHART, ROOT, run, tool
+from harness.controlplane import ControlPlane
 
 RELEASE, NAMESPACE = "docs", "docs-system"
 PREFIX = f"{RELEASE}-gpuplane"

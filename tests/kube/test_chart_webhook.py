@@ -5,7 +5,7 @@ For each auth mode the webhook server (``deploy/webhook_server.py``) runs with t
 the rendered container gets (its paths under the Secret mounts pointed at local copies of those
 Secrets), and the rendered MutatingWebhookConfiguration is registered pointing at it; the
 apiserver presents a bearer token, or its client certificate on the one port it has one for
-(tests/support/controlplane.py), as its AdmissionConfiguration says. A VMI naming a Bound set
+(harness/controlplane.py), as its AdmissionConfiguration says. A VMI naming a Bound set
 is stored pinned in every mode. Then, with nothing serving the webhook, a VMI naming no
 gpuplane device is still created and one naming gpuplane devices is refused.
 """
@@ -24,11 +24,11 @@ from django.db import connection
 
 from binder import sync
 from binder.runtime.passes import run_pass
-from tests.support import workers
-from tests.support.chart_cluster import VMIS, container_env, create_vmi, one, register, render, secret_volumes
-from tests.support.controlplane import UNION_USER, ApiError, ControlPlane
-from tests.support.factories import new_vmi
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness import workers
+from harness.chart_cluster import VMIS, container_env, create_vmi, one, register, render, secret_volumes
+from harness.controlplane import UNION_USER, ApiError, ControlPlane
+from harness.factories import new_vmi
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 RELEASE, NAMESPACE = "gpuplane", "gpuplane-system"

@@ -9,9 +9,9 @@ import pytest
 
 from binder import models, sync
 from binder.runtime.passes import run_pass
-from tests.support.cluster_mode import cluster_gpus
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.cluster_mode import cluster_gpus
+from harness.controlplane import ControlPlane
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 A100 = "nvidia.com/GA100_A100_SXM4_80GB"
 

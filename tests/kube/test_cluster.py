@@ -1,14 +1,14 @@
 """Cluster mode against a real kube-apiserver: sync, passes that list nothing, status writes, finalizers.
 
 gpuplane talks to the test control plane (etcd, kube-apiserver and kube-controller-manager
-built from pinned modules; tests/support/controlplane.py) through the official ``kubernetes``
+built from pinned modules; harness/controlplane.py) through the official ``kubernetes``
 client over TLS, authenticated as ``gpuplane-test`` (deploy/'s ClusterRoles, together). The
-freshness tests put a proxy in front of the apiserver (tests/support/faults.py) that holds
+freshness tests put a proxy in front of the apiserver (harness/faults.py) that holds
 back or drops watch events while reads already return the write, and check that a watch
 delivering the binder's own writes late, behind a relist taken before them, or never, does
 not make a pass book the same units twice; that a real 409 from a concurrent writer leads
 to one GET; and, from the apiserver's audit log, that no pass lists GPUs.
-Cluster objects are built from the real captures (``tests.support.shapes``).
+Cluster objects are built from the real captures (``harness.shapes``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from binder.kube import client as kube_client
 from binder.kube.resources import GROUP
 from binder.mirror.write import mirror_event, mirror_list
 from binder.runtime.passes import run_pass
-from tests.support.cluster_mode import (
+from harness.cluster_mode import (
     GPUS,
     Follower,
     cluster_gpus,
@@ -36,10 +36,10 @@ from tests.support.cluster_mode import (
     seed_cluster,
     wait_for,
 )
-from tests.support.controlplane import UNION_USER, ControlPlane
-from tests.support.factories import new_vmi, review
-from tests.support.faults import WatchProxy
-from tests.support.shapes import (
+from harness.controlplane import UNION_USER, ControlPlane
+from harness.factories import new_vmi, review
+from harness.faults import WatchProxy
+from harness.shapes import (
     H100,
     budget_obj,
     class_obj,
@@ -47,7 +47,7 @@ from tests.support.shapes import (
     namespace_obj,
     node_obj,
 )
-from tests.support.webhook_calls import allowed_patch, denied, post
+from harness.webhook_calls import allowed_patch, denied, post
 from usage.models import UsageRecord
 
 # -- sync -------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import pytest
 
 from binder import models, sync
 from binder.kube.client import FINALIZER
-from tests.support.cluster_mode import seed_cluster
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import gpu_obj, namespace_obj
+from harness.cluster_mode import seed_cluster
+from harness.controlplane import ControlPlane
+from harness.shapes import gpu_obj, namespace_obj
 
 
 def finalizer_patches(plane: ControlPlane) -> list[str]:

@@ -1,5 +1,5 @@
 """gpuplane's CRDs enforced by the real kube-apiserver (SPEC §1): every object below is sent
-to the test control plane (tests/support/controlplane.py), which validates it against the
+to the test control plane (harness/controlplane.py), which validates it against the
 CRDs of deploy/ exactly as a production cluster does (OpenAPI schema, CEL rules, the
 status subresource, metadata names). The objects the CRDs must refuse are refused with a
 message naming the field; what the loader would refuse the apiserver refuses first, so a
@@ -20,8 +20,8 @@ import yaml
 
 from binder.kube.client import RESOURCES
 from binder.kube.objects import ObjectError, parse_object
-from tests.support.controlplane import SERVER_SET, ApiError, ControlPlane
-from tests.support.shapes import FIXTURES
+from harness.controlplane import SERVER_SET, ApiError, ControlPlane
+from harness.shapes import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

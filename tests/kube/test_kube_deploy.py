@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.controlplane import ApiError, ControlPlane, tool
-from tests.support.manifests import DEPLOY, overlay, render
+from harness.controlplane import ApiError, ControlPlane, tool
+from harness.manifests import DEPLOY, overlay, render
 
 #: Kinds sent with dryRun=All only.
 #: Kinds applied as a dry run only: the rest of the session's tests must not run with them live.

@@ -27,11 +27,11 @@ from binder import sync
 from binder.actions import change_node
 from binder.engine.preview import NodeAction
 from binder.runtime.passes import run_pass
-from tests.support.cluster_mode import GPUS, seed_cluster
-from tests.support.controlplane import IDENTITIES, ControlPlane, kubevirt_dir
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import gpu_obj, real
-from tests.support.webhook_calls import denied, post
+from harness.cluster_mode import GPUS, seed_cluster
+from harness.controlplane import IDENTITIES, ControlPlane, kubevirt_dir
+from harness.factories import new_vmi, review
+from harness.shapes import gpu_obj, real
+from harness.webhook_calls import denied, post
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"

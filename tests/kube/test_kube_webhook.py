@@ -5,14 +5,14 @@ operator sets (docs/webhook.md): where the webhook is (here a URL on loopback in
 Service) and the caBundle of the CA that signed its serving certificate. The webhook is
 deploy/webhook_server.py over TLS, authenticating the apiserver as docs/webhook.md tells
 operators to: by a bearer token or by a client certificate, both given to the apiserver by
-its AdmissionConfiguration (tests/support/controlplane.py). VMIs are created through the
+its AdmissionConfiguration (harness/controlplane.py). VMIs are created through the
 API as a user creates them; what the apiserver stores, or the error the user sees, is what
 is checked. The webhook server is another process reading the test's database. On PostgreSQL
 it is deployed as in production: the binder is a `celery worker` and each process has its own
 identity. On SQLite it is the embedded topology: no broker, so the answer pass runs inside the
 webhook server, under one identity holding deploy/'s grants together.
 
-KubeVirt's own VirtualMachineInstance CRD is installed (tests/support/controlplane.py), so
+KubeVirt's own VirtualMachineInstance CRD is installed (harness/controlplane.py), so
 every stored VMI, patched by the webhook, passed KubeVirt's schema.
 """
 
@@ -33,11 +33,11 @@ from binder import sync
 from binder.kube.kinds import BY_KIND
 from binder.models import GpuDevice, SyncStatus
 from binder.runtime.passes import run_pass
-from tests.support import workers
-from tests.support.controlplane import UNION_USER, ApiError, ControlPlane
-from tests.support.factories import new_vmi
-from tests.support.manifests import register_webhook as register
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
+from harness import workers
+from harness.controlplane import UNION_USER, ApiError, ControlPlane
+from harness.factories import new_vmi
+from harness.manifests import register_webhook as register
+from harness.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 VMIS = "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"

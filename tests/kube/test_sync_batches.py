@@ -20,9 +20,9 @@ import pytest
 
 from binder import models, sync
 from binder.kube import client as kube_client
-from tests.support.cluster_mode import GPUS, RowHolder, cluster_gpus, wait_for
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.cluster_mode import GPUS, RowHolder, cluster_gpus, wait_for
+from harness.controlplane import ControlPlane
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 
 def rows() -> dict[str, tuple[str, str, str]]:

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from binder.kube import client as kube_client
-from tests.support.controlplane import ControlPlane
+from harness.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -13,9 +13,9 @@ import pytest
 
 from binder import models, sync
 from binder.kube import client as kube_client
-from tests.support.cluster_mode import cluster_gpus, seed_cluster
-from tests.support.controlplane import ControlPlane
-from tests.support.faults import Kind
+from harness.cluster_mode import cluster_gpus, seed_cluster
+from harness.controlplane import ControlPlane
+from harness.faults import Kind
 
 
 @pytest.mark.django_db(transaction=True)

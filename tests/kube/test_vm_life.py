@@ -2,7 +2,7 @@
 
 kube-scheduler binds pods, KubeVirt's virt-controller makes VMIs from VirtualMachines, makes
 their launcher pods and writes ``status.activePods``, kwok runs pods and keeps nodes Ready, and
-kube-controller-manager taints and evicts (tests/support/vm_cluster.py). gpuplane runs as
+kube-controller-manager taints and evicts (harness/vm_cluster.py). gpuplane runs as
 deployed: the sync, the binder and the webhook server registered from deploy/, with deploy/'s
 launcher policy. Each test acts through the API as a tenant or an operator does; no test writes
 a status, a node name or ``activePods``.
@@ -23,10 +23,10 @@ from binder import models, sync
 from binder.reports.state import cluster_state
 from binder.runtime.passes import run_pass
 from binder.usage_record import UsageRecord
-from tests.support.accounts import account
-from tests.support.controlplane import UNION_USER, ApiError
-from tests.support.shapes import H100, budget_obj, class_obj
-from tests.support.vm_cluster import (
+from harness.accounts import account
+from harness.controlplane import UNION_USER, ApiError
+from harness.shapes import H100, budget_obj, class_obj
+from harness.vm_cluster import (
     NOT_READY_LABEL,
     TENANT_USER,
     VMS,

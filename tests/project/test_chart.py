@@ -27,7 +27,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.chart_tools import CHART, ROOT, run, template, template_text, tool
+from harness.chart_tools import CHART, ROOT, run, template, template_text, tool
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CLUSTER, STANDALONE, CUSTOM, OPENSHIFT = (
@@ -498,7 +498,7 @@ def _scrape_webhook_server(env: dict[str, str], var: Path) -> set[str]:
     """The sample names the webhook server's own metrics port (deploy/webhook_server.py) serves,
     after one call, with a serving certificate (its expiry is a series)."""
     from deploy.webhook_certificates import make_ca, make_serving
-    from tests.support import workers
+    from harness import workers
 
     now = datetime.now(UTC)
     ca, ca_key = make_ca("metrics-test", 2, now)

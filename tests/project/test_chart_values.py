@@ -5,7 +5,7 @@ priority classes, the apiserver's CIDRs, ``preStop``, the webhook's certificates
 topology spread, labels, extra env and volumes, ServiceAccount annotations), the OpenShift
 values, the Ingress, NOTES.txt, the CRD upgrade hook and the tenant roles.
 
-helm is built from the Go module pinned in hack/kube (tests/support/chart_tools.py).
+helm is built from the Go module pinned in hack/kube (harness/chart_tools.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.chart_tools import CHART, ROOT, run, template, tool
+from harness.chart_tools import CHART, ROOT, run, template, tool
 
 CI = CHART / "ci"
 CLUSTER, CUSTOM, OPENSHIFT = CI / "cluster-values.yaml", CI / "custom-values.yaml", CI / "openshift-values.yaml"

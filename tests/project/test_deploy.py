@@ -26,7 +26,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.support.manifests import DEPLOY, of_kind, one, overlay, pod_containers, render, render_text
+from harness.manifests import DEPLOY, of_kind, one, overlay, pod_containers, render, render_text
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("cluster", "standalone")

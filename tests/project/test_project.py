@@ -20,10 +20,10 @@ DJANGO_FREE_TESTS = (
     "tests.engine.test_launcher",
     "tests.engine.test_properties",
     "tests.project.test_deploy",
-    "tests.support.shapes",
-    "tests.support.factories",
-    "tests.support.engine_invariants",
-    "tests.support.manifests",
+    "harness.shapes",
+    "harness.factories",
+    "harness.engine_invariants",
+    "harness.manifests",
 )
 #: The layers .importlinter keeps free of Django (contracts engine-pure and django-free).
 DJANGO_FREE_CODE = (
@@ -84,7 +84,7 @@ def test_engine_tests_and_the_django_free_layers_import_without_django_settings(
 
 def test_no_test_module_imports_another() -> None:
     """Tests share objects through fixtures (tests/conftest.py) and helper modules
-    (tests/support/factories.py, tests/support/shapes.py, tests/support/workers.py, ...), never by importing a test
+    (harness/factories.py, harness/shapes.py, harness/workers.py, ...), never by importing a test
     module: that would run its tests' collection twice and hide what is shared."""
     import re
     from pathlib import Path

@@ -106,7 +106,7 @@ def test_the_scan_allows_paths_inside(name: str, text: str) -> None:
 
 
 def test_the_real_captures_are_in_the_repository() -> None:
-    from tests.support.shapes import FIXTURES
+    from harness.shapes import FIXTURES
 
     assert FIXTURES.is_relative_to(ROOT)
     names = {p.name for p in FIXTURES.iterdir()}

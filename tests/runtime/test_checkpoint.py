@@ -32,9 +32,9 @@ from binder.runtime import checkpoint
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support import workers
-from tests.support.factories import checkpointed
-from tests.support.shapes import H100, gpu_obj
+from harness import workers
+from harness.factories import checkpointed
+from harness.shapes import H100, gpu_obj
 
 ROOT = Path(__file__).resolve().parents[2]
 

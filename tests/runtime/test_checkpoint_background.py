@@ -35,8 +35,8 @@ from binder.runtime import checkpoint, checkpoint_payload
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.factories import checkpointed
-from tests.support.shapes import H100, gpu_obj
+from harness.factories import checkpointed
+from harness.shapes import H100, gpu_obj
 
 
 def assert_same_as_from_scratch(state: ClusterState) -> None:

@@ -27,9 +27,9 @@ from binder.mirror.convert import from_parsed
 from binder.mirror.snapshot import load_objects
 from binder.runtime.cluster import device_status
 from binder.runtime.passes import run_pass
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, engine, gpu_obj, namespace_obj, node_obj
-from tests.support.webhook_calls import allowed_patch, post
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, engine, gpu_obj, namespace_obj, node_obj
+from harness.webhook_calls import allowed_patch, post
 from usage.models import UsageRecord
 from webhooks import admission
 from webhooks.admission import Action, MirrorView

@@ -1,6 +1,6 @@
 """The management commands: dump_state --json, run_pass [--answer-only], demo.
 
-Clusters are built from the real shapes (tests/support/shapes.py), written as a snapshot file and
+Clusters are built from the real shapes (harness/shapes.py), written as a snapshot file and
 loaded with ``load_snapshot``, so every test runs the same path an operator does.
 """
 
@@ -24,7 +24,7 @@ from django.utils import timezone
 from binder import models
 from binder.engine.pass_state import REASON_BOUND
 from binder.runtime.passes import run_pass
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

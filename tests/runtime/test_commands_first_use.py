@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from binder import models
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj, write_snapshot
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj, write_snapshot
 
 ROOT = Path(django_settings.BASE_DIR)
 

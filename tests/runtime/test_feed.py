@@ -40,7 +40,7 @@ from binder.mirror.write import clear_mirror, mirror_event, mirror_list, write_p
 from binder.runtime.feed import OwnWrites, own_feed_position, read_feed
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
-from tests.support.shapes import (
+from harness.shapes import (
     H100,
     budget_obj,
     class_obj,

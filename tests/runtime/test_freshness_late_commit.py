@@ -34,9 +34,9 @@ from binder.runtime.passes import run_pass
 from binder.runtime.readmodel import ReadModel
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.support.webhook_calls import allowed_patch, post
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.webhook_calls import allowed_patch, post
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

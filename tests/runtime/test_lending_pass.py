@@ -19,9 +19,9 @@ from binder.runtime.mirror_state import Catchup
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.accounts import account, token_client
-from tests.support.clock import Clock
-from tests.support.shapes import (
+from harness.accounts import account, token_client
+from harness.clock import Clock
+from harness.shapes import (
     A10,
     H100,
     NOW,

@@ -25,8 +25,8 @@ from binder.runtime.mirror_state import Catchup
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.clock import Clock
-from tests.support.shapes import (
+from harness.clock import Clock
+from harness.shapes import (
     A10,
     NOW,
     class_obj,
@@ -307,7 +307,7 @@ def test_cluster_mode_writes_a_plans_moves_in_order_and_stops_at_the_first_that_
     """SPEC §4 "Making room": a taken set whose write conflicts stays, and so do the sets taken
     after it; the sets taken before it stay where they went. Sets outside any plan go at once."""
     from binder.runtime import cluster as cluster_writes
-    from tests.support.shapes import gpu
+    from harness.shapes import gpu
 
     plan = (("t1", "x"), ("t1", "y"), ("t1", "z"))
     result = e.PassResult(devices=(), changes=(), counts={}, room_plans={("t2", "big"): plan})

@@ -18,7 +18,7 @@ from binder.metrics import queue_keys, redis_url
 from binder.mirror.snapshot import load_objects
 from binder.queue import PRIORITY, collapse_key
 from binder.runtime.passes import run_pass
-from tests.support.shapes import A10, H100, class_obj, gpu_obj, node_obj
+from harness.shapes import A10, H100, class_obj, gpu_obj, node_obj
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from binder.mirror import read
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from harness.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
 
 
 def cluster() -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from binder.runtime.mirror_state import Catchup
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
+from harness.shapes import H100, budget_obj, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, vmi_obj
 
 
 def _cluster(orders: int) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from binder.models import PassKind, PassRun
 from binder.runtime import passes
 from binder.runtime.locking import pass_lock
 from binder.runtime.state import ClusterState
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
 
 
 def test_lock_must_be_taken_inside_a_transaction(transactional_db: Any) -> None:

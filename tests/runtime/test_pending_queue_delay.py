@@ -25,8 +25,8 @@ from binder.mirror.snapshot import load_objects
 from binder.queue import collapse_key, full_pass_overdue, queue_answer_pass, send_full_pass
 from binder.tasks import answer_pass_task, full_pass_task
 from gpuplane.settings import env_float
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.support.workers import Worker, wait_for, wait_until_idle
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.workers import Worker, wait_for, wait_until_idle
 from usage.models import UsageRecord
 
 

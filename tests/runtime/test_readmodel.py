@@ -36,9 +36,9 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime import readmodel
 from binder.runtime.readmodel import ReadModel
 from binder.runtime.verify import compare_records
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
-from tests.support.webhook_calls import allowed_patch, answer_of, post
+from harness.factories import new_vmi, review
+from harness.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from harness.webhook_calls import allowed_patch, answer_of, post
 
 NAMESPACES = ("t0", "t1")
 NODES = ("n0", "n1", "n2")

@@ -15,7 +15,7 @@ import pytest
 
 from binder.mirror.snapshot import load_objects
 from binder.runtime.readmodel import ReadModel
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = pytest.mark.django_db
 

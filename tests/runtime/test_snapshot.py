@@ -1,7 +1,7 @@
 """Loading cluster snapshots (``load_snapshot``): what lands in the mirror, and what is refused.
 
 Objects are the real captures in tests/fixtures/kubernetes, or built from them by
-tests/support/shapes.py, written to YAML and loaded through the real loader. A snapshot is all or
+harness/shapes.py, written to YAML and loaded through the real loader. A snapshot is all or
 nothing: any invalid object rejects the whole file, naming the object and the field.
 """
 
@@ -20,7 +20,7 @@ from django.core.management import CommandError, call_command
 from binder import models
 from binder.mirror.snapshot import SnapshotError, load_file, load_objects
 from binder.runtime.passes import run_pass
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     FIXTURES,
     H100,

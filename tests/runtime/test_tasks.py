@@ -10,7 +10,7 @@ from django.db import transaction
 from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.queue import queue_full_pass
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ check what operators rely on: bursts collapse, answer passes jump the queue, sev
 workers never overlap or double-book, and a worker killed mid-pass leaves nothing
 half-written. A pass is slowed down with the fault-injection setting
 ``GPUPLANE_FAULT_PASS_DELAY_SECONDS`` so "while a pass runs" is deterministic. The workers
-and the waits are in tests/support/workers.py, the ``broker`` and ``start_worker`` fixtures in
+and the waits are in harness/workers.py, the ``broker`` and ``start_worker`` fixtures in
 tests/conftest.py.
 """
 
@@ -24,8 +24,8 @@ from django.db import transaction
 from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.queue import collapse_key, queue_answer_pass, queue_full_pass
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
-from tests.support.workers import PREFIX, REDIS_URL, Worker, mirror_event, pass_running, wait_for, wait_until_idle
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.workers import PREFIX, REDIS_URL, Worker, mirror_event, pass_running, wait_for, wait_until_idle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from binder import models
 from binder.mirror.snapshot import load_file
 from binder.runtime.passes import run_pass
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from gpuplane.staff.palette import CATEGORICAL, PALETTE, contrast
-from tests.support.shapes import A10, H100
+from harness.shapes import A10, H100
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.utils import timezone
 from binder import models
 from binder.queue import queue_full_pass
 from binder.tasks import answer_pass_task, resync_task
-from tests.support.staff_cluster import load_staff_cluster
+from harness.staff_cluster import load_staff_cluster
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 

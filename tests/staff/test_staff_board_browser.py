@@ -17,7 +17,7 @@ from django.urls import reverse
 from playwright.sync_api import Browser, Page, expect
 
 from binder import models
-from tests.support.browsing import add_staff, artifacts_dir, axe_violations, login, new_page, orm, readme_screenshot
+from harness.browsing import add_staff, artifacts_dir, axe_violations, login, new_page, orm, readme_screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 

@@ -6,7 +6,7 @@ The browser is Debian's Chromium (``/usr/bin/chromium``, installed by ``.ci/run`
 missing), driven by Playwright; a browser Playwright would download is never used.
 Screenshots of the board and the chart are saved as artifacts (``GPUPLANE_ARTIFACTS``,
 else ``var/artifacts``) in a directory per database, and ``.ci/run`` prints where.
-The helpers are in tests/support/browsing.py, the ``browser``, ``page`` and ``demo`` fixtures in
+The helpers are in harness/browsing.py, the ``browser``, ``page`` and ``demo`` fixtures in
 tests/conftest.py.
 """
 
@@ -24,7 +24,7 @@ from django.urls import reverse
 from playwright.sync_api import Page, expect
 
 from binder import models
-from tests.support.browsing import artifacts_dir, login, orm
+from harness.browsing import artifacts_dir, login, orm
 from usage.models import UsageRecord
 
 LOST_SET = "team-nlp/llm-train-a"

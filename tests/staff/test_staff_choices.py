@@ -20,7 +20,7 @@ from binder.mirror.read import read_cluster
 from binder.mirror.snapshot import load_objects
 from binder.reports.formatting import choices_words, class_words
 from binder.runtime.passes import run_pass
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = pytest.mark.django_db
 

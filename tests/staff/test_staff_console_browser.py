@@ -2,7 +2,7 @@
 page finds a tenant, a tenant's VM, a node; the node page offers drain; the drain preview
 says where each set would go; confirming drains the node and the sets land where the
 preview said. Debian's Chromium through Playwright on the demo cluster; screenshots are
-artifacts (tests/support/browsing.py). With ``GPUPLANE_UPDATE_SCREENSHOTS=1`` the preview's is also
+artifacts (harness/browsing.py). With ``GPUPLANE_UPDATE_SCREENSHOTS=1`` the preview's is also
 copied to docs/screenshots/drain-preview.png for the staff console's page (not by default: a test run
 leaves the checkout as it found it)."""
 
@@ -20,7 +20,7 @@ from django.urls import reverse
 from playwright.sync_api import Page, expect
 
 from binder import models
-from tests.support.browsing import artifacts_dir, login, orm
+from harness.browsing import artifacts_dir, login, orm
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 

@@ -1,5 +1,5 @@
 """The staff console as a newcomer first sees it, at 1440 px, in Chromium (Debian's,
-through Playwright; tests/support/browsing.py) on the demo cluster: the home page's fleet health
+through Playwright; harness/browsing.py) on the demo cluster: the home page's fleet health
 uses the width it has, and a device's page leads with its status."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.urls import reverse
 from playwright.sync_api import Browser, expect
 
 from binder import models
-from tests.support.browsing import artifacts_dir, login, new_page, orm
+from harness.browsing import artifacts_dir, login, new_page, orm
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 

@@ -16,9 +16,9 @@ from binder import models
 from binder.reports.formatting import iso
 from binder.reports.health import fleet_health
 from binder.runtime.passes import run_pass
-from tests.support.clock import Clock
-from tests.support.shapes import NOW
-from tests.support.staff_cluster import load_staff_cluster
+from harness.clock import Clock
+from harness.shapes import NOW
+from harness.staff_cluster import load_staff_cluster
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 

@@ -22,9 +22,9 @@ from binder.engine.preview import NodeAction, preview
 from binder.mirror.read import read_cluster
 from binder.reports.nodes import node_preview
 from binder.runtime.passes import run_pass
-from tests.support.controlplane import UNION_USER, ControlPlane
-from tests.support.shapes import H100
-from tests.support.staff_cluster import staff_objects
+from harness.controlplane import UNION_USER, ControlPlane
+from harness.shapes import H100
+from harness.staff_cluster import staff_objects
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_passwords")]
 

@@ -28,8 +28,8 @@ from binder.mirror.snapshot import load_file
 from binder.reports.state import cluster_state
 from binder.runtime import readmodel
 from binder.runtime.passes import run_pass
-from tests.support.accounts import account, token_client
-from tests.support.shapes import (
+from harness.accounts import account, token_client
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

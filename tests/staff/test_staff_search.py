@@ -18,8 +18,8 @@ from binder.engine import ledger_for
 from binder.mirror.read import read_cluster
 from binder.reports.nodes import node_report
 from binder.reports.search import MAX_QUERY
-from tests.support.shapes import A10, H100
-from tests.support.staff_cluster import SEG_TRAIN_LAUNCHER
+from harness.shapes import A10, H100
+from harness.staff_cluster import SEG_TRAIN_LAUNCHER
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 

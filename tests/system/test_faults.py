@@ -8,7 +8,7 @@ Four faults, one test each, against the real parts of a deployment:
 3. PostgreSQL drops every connection of the database (the worker's, mid-pass, and the web
    server's) while a burst waits;
 4. the real kube-apiserver refuses 30 % of gpuplane's writes at random (409, 500, 503; seeded)
-   in cluster mode, through an admission webhook (tests/support/faults.py).
+   in cluster mode, through an admission webhook (harness/faults.py).
 
 For each, every webhook answer must be an AdmissionReview (HTTP 200, never a 500): an
 allow, or a denial with the binder's reason or a clear "try again", within
@@ -60,13 +60,13 @@ from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.tasks import resync_task
 from gpuplane.celery import app as celery_app
-from tests.support import workers
-from tests.support.cluster_mode import GPUS, cluster_gpus, mirrored_devices
-from tests.support.controlplane import ControlPlane
-from tests.support.factories import new_vmi, review
-from tests.support.faults import Kind
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.support.webhook_calls import answer_of, post
+from harness import workers
+from harness.cluster_mode import GPUS, cluster_gpus, mirrored_devices
+from harness.controlplane import ControlPlane
+from harness.factories import new_vmi, review
+from harness.faults import Kind
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.webhook_calls import answer_of, post
 from usage.models import UsageRecord
 from webhooks import binding, views
 
@@ -81,7 +81,7 @@ SLACK = 1.5
 SEEDS = [int(os.environ["GPUPLANE_FAULT_SEED"])] if os.environ.get("GPUPLANE_FAULT_SEED") else [6, 1]
 
 # The real parts (the ``server``, ``start_worker`` and ``apiserver`` fixtures) are those of
-# tests/conftest.py and tests/support/workers.py, shared with tests/runtime/test_worker.py,
+# tests/conftest.py and harness/workers.py, shared with tests/runtime/test_worker.py,
 # tests/webhooks/test_webhook_race.py and tests/kube/test_cluster.py; ``broker`` is overridden below.
 
 
@@ -265,7 +265,7 @@ def violations() -> list[str]:
     mirror, which the cluster-mode test compares with the cluster).
 
     A set is whole when its held members (Bound or Lost) share one phase and node, as in
-    the engine's property tests (tests/support/engine_invariants.py): Pending members may sit next
+    the engine's property tests (harness/engine_invariants.py): Pending members may sit next
     to them, with a reason (new members that cannot grow on the set's node
     stay Pending); ``partly_pending`` lists those sets.
     """

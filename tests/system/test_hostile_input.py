@@ -22,7 +22,7 @@ from django.test import Client
 from binder import models
 from binder.mirror import snapshot
 from binder.mirror.snapshot import SnapshotError, load_file
-from tests.support.shapes import A10, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from harness.shapes import A10, gpu_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
 
 DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo" / "cluster.yaml"
 

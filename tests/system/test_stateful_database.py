@@ -53,7 +53,7 @@ and every other pass also runs the worker's own verification, which must find no
 ``DB_EXAMPLES`` x ``DB_STEPS`` = 20 x 25 = 500 steps at most (440 to 530 counted in practice:
 initialisation counts too), 7 to 9 s on SQLite and on PostgreSQL; fails below 300.
 
-The shared constants, strategies and expectations: tests/support/stateful.py.
+The shared constants, strategies and expectations: harness/stateful.py.
 """
 
 from __future__ import annotations
@@ -91,14 +91,14 @@ from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
 from binder.runtime.usage_records import HOLDING_COLUMNS
 from binder.runtime.verify import compare_records
-from tests.support import shapes
-from tests.support.clock import Clock
-from tests.support.engine_invariants import (
+from harness import shapes
+from harness.clock import Clock
+from harness.engine_invariants import (
     device_units_on_nodes,
     pick,
     tenant_usage,
 )
-from tests.support.stateful import (
+from harness.stateful import (
     A10,
     DB_MIN_STEPS,
     DB_SETTINGS,

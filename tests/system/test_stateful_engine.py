@@ -38,11 +38,11 @@ on: with it off a pass places nothing, so a deleted class's devices stay Bound w
 records close, and "an open record while Bound or Lost" does not apply then.
 
 (a) ``EngineMachine`` is pure: engine dataclasses (built from the real captures through
-tests/support/shapes.py), ``binder.engine.placement``, ``binder.engine.usage`` and
+harness/shapes.py), ``binder.engine.placement``, ``binder.engine.usage`` and
 ``webhooks.admission.decide``/``conclude``; usage records are an in-memory list of immutable
 tuples, kept only through the engine's ``reconcile_usage`` plans (closing a record replaces
 its tuple with one that has an end). The invariant helpers that tests/engine/test_properties.py
-uses (tests/support/engine_invariants.py: the ``World``, the independent accounting and the
+uses (harness/engine_invariants.py: the ``World``, the independent accounting and the
 per-pass checks) are reused.
 ``ENGINE_EXAMPLES`` x ``ENGINE_STEPS`` = 120 x 110 = 13,200 steps at most; hypothesis also
 tries some shorter runs, so 11,300 to 12,200 steps run in practice (about 5 s on 2 cores).
@@ -50,7 +50,7 @@ tries some shorter runs, so 11,300 to 12,200 steps run in practice (about 5 s on
 below 10,000. A full pass also runs by itself when ``RESYNC_STEPS`` steps went without one
 (the periodic resync), so every example checks its usage records.
 
-The shared constants, strategies and expectations: tests/support/stateful.py.
+The shared constants, strategies and expectations: harness/stateful.py.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ from binder.engine.types import (
 )
 from binder.engine.types import Settings as EngineSettings
 from binder.engine.usage import OpenRecord, UsageHolding, holdings, reconcile_usage
-from tests.support import shapes
-from tests.support.engine_invariants import (
+from harness import shapes
+from harness.engine_invariants import (
     POOL_LABEL,
     Step,
     World,
@@ -99,7 +99,7 @@ from tests.support.engine_invariants import (
     set_ref,
     tenant_usage,
 )
-from tests.support.stateful import (
+from harness.stateful import (
     CLASS,
     DT,
     ENGINE_MIN_STEPS,

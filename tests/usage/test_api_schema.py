@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
-from tests.support.accounts import account
-from tests.support.factories import two_tenants
+from harness.accounts import account
+from harness.factories import two_tenants
 
 pytestmark = pytest.mark.django_db
 

@@ -30,8 +30,8 @@ from binder.engine.usage import (
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.runtime.usage_records import write_plan
-from tests.support.clock import Clock
-from tests.support.shapes import A10, H100, NOW, class_obj, gpu_class, gpu_obj, namespace_obj, node_obj
+from harness.clock import Clock
+from harness.shapes import A10, H100, NOW, class_obj, gpu_class, gpu_obj, namespace_obj, node_obj
 from usage.models import UsageRecord
 
 T0 = NOW

@@ -11,9 +11,9 @@ from django.test import Client
 
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
-from tests.support.accounts import account
-from tests.support.clock import Clock
-from tests.support.factories import A100, second_choice
+from harness.accounts import account
+from harness.clock import Clock
+from harness.factories import A100, second_choice
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db

@@ -2,7 +2,7 @@
 decisions, tokens from ``issue_token``, and isolation: another tenant's namespace is 404
 on every endpoint, no credentials 401.
 
-The cluster (the ``cluster`` fixture of tests/conftest.py: ``tests.support.factories.two_tenants``)
+The cluster (the ``cluster`` fixture of tests/conftest.py: ``harness.factories.two_tenants``)
 is built from the real captures and placed by real full passes at times the ``clock``
 fixture sets, so records and decisions come from the binder, not from fixtures.
 """
@@ -22,10 +22,10 @@ from knox.models import AuthToken
 from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
-from tests.support.accounts import account, token_client
-from tests.support.clock import Clock
-from tests.support.factories import A100, FORGED_UNITS, TENANT_B_URLS, second_choice
-from tests.support.shapes import H100, NOW
+from harness.accounts import account, token_client
+from harness.clock import Clock
+from harness.factories import A100, FORGED_UNITS, TENANT_B_URLS, second_choice
+from harness.shapes import H100, NOW
 from usage.models import NamespaceGrant, UsageRecord
 
 

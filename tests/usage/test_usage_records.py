@@ -1,6 +1,6 @@
 """Usage records: written by full passes, GPUs counted once, history append-only.
 
-Clusters are built from the real captures (tests/support/shapes.py) and loaded into the mirror;
+Clusters are built from the real captures (harness/shapes.py) and loaded into the mirror;
 passes run for real (``binder.runtime.passes.run_pass``) at times set by the ``clock`` fixture.
 """
 
@@ -31,8 +31,8 @@ from binder.engine.usage import (
 from binder.mirror.snapshot import load_objects
 from binder.models import ClosedRecordError
 from binder.runtime.passes import run_pass
-from tests.support.clock import Clock
-from tests.support.shapes import (
+from harness.clock import Clock
+from harness.shapes import (
     A10,
     H100,
     class_obj,

@@ -21,9 +21,9 @@ from binder import models, sync
 from binder.mirror.snapshot import load_objects
 from binder.runtime.passes import run_pass
 from binder.runtime.state import ClusterState
-from tests.support.clock import Clock
-from tests.support.controlplane import ControlPlane
-from tests.support.shapes import H100, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
+from harness.clock import Clock
+from harness.controlplane import ControlPlane
+from harness.shapes import H100, class_obj, gpu_obj, launcher_obj, namespace_obj, node_obj, plain_pod_obj, vmi_obj
 from usage.models import UsageRecord
 
 LAUNCHER_UID = "3f0c2a57-4a50-4b8e-9a62-6d1f8f7c1b10"

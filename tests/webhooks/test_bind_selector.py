@@ -19,11 +19,11 @@ from binder.engine import ANSWER_BOUND, ANSWER_REFUSED, Cluster, answer_pass, fu
 from binder.engine import types as e
 from binder.kube.objects import ObjectError, parse_object
 from binder.mirror.snapshot import load_objects
-from tests.support.cluster_mode import cluster_gpus, seed_cluster
-from tests.support.factories import new_vmi, review
-from tests.support.scheduler import launcher_for, schedulable
-from tests.support.shapes import A10, H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, node_obj
-from tests.support.webhook_calls import allowed_patch, denied, post
+from harness.cluster_mode import cluster_gpus, seed_cluster
+from harness.factories import new_vmi, review
+from harness.scheduler import launcher_for, schedulable
+from harness.shapes import A10, H100, NOW, class_obj, engine, gpu, gpu_class, gpu_obj, node, node_obj
+from harness.webhook_calls import allowed_patch, denied, post
 
 ZONE = "topology.kubernetes.io/zone"
 ANNOTATION = "gpuplane.io/bind-node-selector"

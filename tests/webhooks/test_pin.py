@@ -21,10 +21,10 @@ from django.test import Client
 from binder import models
 from binder.engine import Device, GpuClass, Node, Phase
 from binder.mirror.snapshot import load_objects
-from tests.support.factories import new_vmi, review
-from tests.support.scheduler import launcher_for, schedulable, term_holds
-from tests.support.shapes import A10, H100, class_obj, gpu_obj, node_obj
-from tests.support.webhook_calls import allowed_patch, denied, post
+from harness.factories import new_vmi, review
+from harness.scheduler import launcher_for, schedulable, term_holds
+from harness.shapes import A10, H100, class_obj, gpu_obj, node_obj
+from harness.webhook_calls import allowed_patch, denied, post
 from webhooks import admission
 from webhooks.admission import Action, MirrorView, ReviewError
 

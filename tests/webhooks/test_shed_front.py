@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.factories import new_vmi, review
+from harness.factories import new_vmi, review
 from webhooks.front import Front
 from webhooks.views import ARRIVED
 
@@ -215,7 +215,7 @@ def test_below_the_limit_the_application_gets_the_call_as_wsgi_with_its_arrival(
 def test_a_call_that_spent_its_time_queued_for_a_thread_writes_nothing(client: Any, settings: Any) -> None:
     from binder import models
     from binder.mirror.snapshot import load_objects
-    from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
+    from harness.shapes import H100, class_obj, gpu_obj, node_obj
 
     settings.GPUPLANE_WEBHOOK_ENABLED, settings.GPUPLANE_WEBHOOK_AUTH = True, "none"
     load_objects([class_obj("h100", H100), node_obj("n1", {H100: 8}), gpu_obj("train", "gpu0", "h100", "vm1")])

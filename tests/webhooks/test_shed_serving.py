@@ -28,9 +28,9 @@ import pytest
 import redis
 
 from deploy.serving import ServingError
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
-from tests.support.workers import PREFIX, REDIS_URL, ROOT, forget_keys, webhook_server
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.workers import PREFIX, REDIS_URL, ROOT, forget_keys, webhook_server
 
 WEBHOOK_SERVER = ROOT / "deploy" / "webhook_server.py"
 

@@ -4,8 +4,8 @@ Requests are the captured AdmissionReview (``admissionreview-v1-request-pod-crea
 with the resource swapped to a KubeVirt VMI and the object a VMI shaped like the captured
 fedora06 naming gpuplane.io devices; responses are checked against the captured
 response shapes, and every patch is decoded and applied with ``jsonpatch`` to the VMI
-the apiserver would have patched (requests from ``tests.support.factories``, answers read by
-``tests.support.webhook_calls``). The embedded default (no broker) runs the answer
+the apiserver would have patched (requests from ``harness.factories``, answers read by
+``harness.webhook_calls``). The embedded default (no broker) runs the answer
 pass in-process at commit, so the Pending-set tests exercise the whole flow; on
 PostgreSQL one test runs a real Celery worker and checks that LISTEN/NOTIFY wakes the
 webhook at once.
@@ -35,8 +35,8 @@ from binder.engine import Device, GpuClass, Phase
 from binder.mirror.snapshot import load_objects
 from binder.runtime.answers import ANSWERS_CHANNEL
 from binder.runtime.passes import run_pass
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import (
+from harness.factories import new_vmi, review
+from harness.shapes import (
     A10,
     H100,
     budget_obj,
@@ -48,8 +48,8 @@ from tests.support.shapes import (
     real,
     vmi_obj,
 )
-from tests.support.webhook_calls import URL, allowed_patch, answer_of, denied, post
-from tests.support.workers import Worker
+from harness.webhook_calls import URL, allowed_patch, answer_of, denied, post
+from harness.workers import Worker
 from webhooks import admission, binding, views
 from webhooks.admission import Action, MirrorView, ReviewError
 

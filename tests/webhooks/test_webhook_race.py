@@ -5,7 +5,7 @@ local Redis and PostgreSQL. Each call writes its bind requests and waits for the
 binder's answer; admission checks are advisory, the binder decides at bind time, so
 exactly 10 calls may win and nothing may be over-booked however the calls interleave.
 The gunicorn server and the worker are the ``server`` and ``start_worker`` fixtures of
-tests/conftest.py (tests/support/workers.py runs them).
+tests/conftest.py (harness/workers.py runs them).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 
 from binder import models
 from binder.mirror.snapshot import load_objects
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
-from tests.support.workers import Worker
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.workers import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
 

@@ -26,9 +26,9 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.webhook_certificates import make_ca, make_serving, plan, service_names
-from tests.support import workers
-from tests.support.factories import new_vmi
-from tests.support.factories import review as review_of
+from harness import workers
+from harness.factories import new_vmi
+from harness.factories import review as review_of
 
 NAMES = ["localhost", "gpuplane-webhook.gpuplane-system.svc"]
 NOW = dt.datetime.now(dt.UTC)

@@ -42,9 +42,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from django.core.management import call_command
 
 from deploy.serving import ServingError
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
-from tests.support.workers import ROOT, webhook_server
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.workers import ROOT, webhook_server
 from webhooks.callers import CallerPolicy, refusal
 
 WEBHOOK_SERVER = ROOT / "deploy" / "webhook_server.py"

@@ -39,7 +39,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import resolve
 
-from tests.support.shapes import new_uid, real, vmi_obj
+from harness.shapes import new_uid, real, vmi_obj
 from webhooks.management.commands.webhook_cert import service_names
 from webhooks.views import VmiAdmissionView
 

@@ -32,9 +32,9 @@ from binder import models
 from binder.mirror.snapshot import load_objects
 from binder.runtime import bind_requests
 from binder.runtime.readmodel import ReadModel
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, node_obj
-from tests.support.webhook_calls import allowed_patch, denied, post
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, node_obj
+from harness.webhook_calls import allowed_patch, denied, post
 from webhooks import binding
 from webhooks.patch import _pointer, encode_patch
 

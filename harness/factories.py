@@ -1,7 +1,7 @@
 """Test objects built from several real shapes: AdmissionReview requests for VMIs, and the
 two-tenant cluster the tenant API, admin, schema and security tests share.
 
-Like tests/support/shapes.py (which builds single objects from the captures in
+Like harness/shapes.py (which builds single objects from the captures in
 tests/fixtures/kubernetes), everything starts from a real captured object; nothing here
 needs Django, so the benches and the engine-only tests use it too.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

@@ -2,7 +2,7 @@
 (``kubectl kustomize``), and looked up by kind and name.
 
 Used by tests/project/test_deploy.py and the control-plane tests. kubectl is the one built beside the
-test control plane from pinned modules (``make kube-bin``; tests/support/controlplane.py).
+test control plane from pinned modules (``make kube-bin``; harness/controlplane.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from tests.support.controlplane import tool
+from harness.controlplane import tool
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
 @functools.cache

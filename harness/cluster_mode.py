@@ -1,7 +1,7 @@
 """Cluster mode in tests: the GPUs as the real kube-apiserver holds them, and the mirror's
 view of the same devices (shared by tests/kube/test_cluster.py and tests/system/test_faults.py; the
 ``apiserver`` fixture that points gpuplane at the test control plane is in tests/conftest.py,
-the control plane itself in tests/support/controlplane.py)."""
+the control plane itself in harness/controlplane.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from binder import models, sync
-from tests.support.controlplane import UNION_USER, ControlPlane
-from tests.support.shapes import (
+from harness.controlplane import UNION_USER, ControlPlane
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 
-from tests.support.shapes import real
+from harness.shapes import real
 
 if TYPE_CHECKING:
     from django.test import Client

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.controlplane import ADMIN_USER, ControlPlane
+from harness.controlplane import ADMIN_USER, ControlPlane
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The chart's objects against the test control plane (tests/support/controlplane.py), where no
+"""The chart's objects against the test control plane (harness/controlplane.py), where no
 kubelet runs: the webhook server started with the environment and mounts of the rendered
 Deployment, the rendered registration pointed at it, and the chart's hook Jobs run by the test
 (their container's command in this process's Python, as the Job's ServiceAccount) and then
@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from tests.support.chart_tools import CHART, run, tool
-from tests.support.controlplane import ApiError, ControlPlane
+from harness.chart_tools import CHART, run, tool
+from harness.controlplane import ApiError, ControlPlane
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VMIS = "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"
 
 

@@ -1,6 +1,6 @@
 """The VM cluster: the test control plane with the real writer of every field gpuplane reads.
 
-The base control plane (``tests.support.controlplane``) serves objects the tests write whole,
+The base control plane (``harness.controlplane``) serves objects the tests write whole,
 statuses included. Here nothing a controller writes is written by a test:
 
 - **kube-scheduler** binds pods to nodes (``spec.nodeName``), as user ``system:kube-scheduler``
@@ -41,8 +41,8 @@ from typing import Any
 
 import yaml
 
-from tests.support import workers
-from tests.support.controlplane import (
+from harness import workers
+from harness.controlplane import (
     ADMIN_USER,
     KEPT_NAMESPACES,
     UNION_USER,
@@ -57,7 +57,7 @@ from tests.support.controlplane import (
     kwok_dir,
     tool,
 )
-from tests.support.manifests import overlay, register_webhook
+from harness.manifests import overlay, register_webhook
 
 SCHEDULER_USER = "system:kube-scheduler"
 #: KubeVirt's controller identity, as in-cluster: its ServiceAccount in KubeVirt's namespace.

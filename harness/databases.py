@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 COMPLETE = "gpuplane test template: migrated"
 #: pg_advisory_lock key of the template's making (any fixed number; per server).
 LOCK_KEY = 0x6770_7465_6D70

@@ -33,7 +33,7 @@ from gpuplane.celery import app as celery_app
 REDIS_URL = os.environ.get("GPUPLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 #: Every key of this run under its own prefix: parallel runs on one Redis stay apart.
 PREFIX = f"gpuplane-test-{os.getpid()}:"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def skip_unless_postgres() -> None:

@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 KUBE_BIN = ROOT / "hack" / "kube-bin.sh"
 CRDS = ROOT / "deploy" / "base" / "crds"
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
@@ -360,7 +360,7 @@ class Profile:
 
     :data:`BASE` is the cluster most cluster tests need: only the namespace and garbage-collector
     controllers, KubeVirt's VMI CRD, and nothing that would act on the nodes and pods a test
-    writes itself. The VM cluster (``tests.support.vm_cluster``) adds the node lifecycle and
+    writes itself. The VM cluster (``harness.vm_cluster``) adds the node lifecycle and
     taint-eviction controllers, every KubeVirt CRD and the KubeVirt object, and the reset keeps
     what KubeVirt's controller needs (its namespace, its lease).
     """
@@ -398,7 +398,7 @@ class ControlPlane:
         self.started_seconds = 0.0
         self._audit_offset = 0
         self._ssl: ssl.SSLContext | None = None
-        #: The fault webhook (tests.support.faults.FaultWebhook), once registered.
+        #: The fault webhook (harness.faults.FaultWebhook), once registered.
         self.faults: Any = None
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -1008,7 +1008,7 @@ def _builtin_path(obj: dict[str, Any]) -> str:
     try:
         prefix, plural, namespaced = _BUILTIN[obj["kind"]]
     except KeyError:
-        raise ValueError(f"tests/support/controlplane.py does not know where {obj['kind']} lives") from None
+        raise ValueError(f"harness/controlplane.py does not know where {obj['kind']} lives") from None
     meta = obj["metadata"]
     namespace = f"/namespaces/{meta.get('namespace', 'default')}" if namespaced else ""
     return f"{prefix}{namespace}/{plural}/{meta['name']}"

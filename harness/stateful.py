@@ -28,8 +28,8 @@ from binder.engine.types import (
     Vmi,
 )
 from binder.engine.usage import UsageHolding
-from tests.support import shapes
-from tests.support.engine_invariants import (
+from harness import shapes
+from harness.engine_invariants import (
     POOL_LABEL,
     device_units_on_nodes,
 )

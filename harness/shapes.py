@@ -22,7 +22,7 @@ from binder.mirror.convert import from_parsed
 
 #: The real captures, copied into the repository (their SOURCES.md says where each came from),
 #: so a clone with nothing beside it runs the suite.
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubernetes"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "kubernetes"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"

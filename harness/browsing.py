@@ -35,8 +35,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 PASSWORD = "staff-pass-1234"
-AXE = Path(__file__).resolve().parents[1] / "vendor" / "axe-core" / "axe.min.js"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+AXE = Path(__file__).resolve().parents[1] / "tests" / "vendor" / "axe-core" / "axe.min.js"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
 @contextmanager

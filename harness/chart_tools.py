@@ -1,5 +1,5 @@
 """The chart's tools for the tests: helm, promtool and kubectl, built by hack/kube-bin.sh from the Go
-module pinned in hack/kube beside the control plane's binaries (tests/support/controlplane.py finds
+module pinned in hack/kube beside the control plane's binaries (harness/controlplane.py finds
 them), and ``helm template`` of charts/gpuplane.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.controlplane import ControlPlaneError
-from tests.support.controlplane import tool as control_plane_tool
+from harness.controlplane import ControlPlaneError
+from harness.controlplane import tool as control_plane_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gpuplane"
 
 

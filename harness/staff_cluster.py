@@ -11,7 +11,7 @@ from typing import Any
 from binder import models
 from binder.mirror.snapshot import load_file
 from binder.runtime.passes import run_pass
-from tests.support.shapes import (
+from harness.shapes import (
     A10,
     H100,
     budget_obj,

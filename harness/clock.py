@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.support.shapes import NOW
+from harness.shapes import NOW
 
 
 class Clock:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.support.shapes import real
+from harness.shapes import real
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 

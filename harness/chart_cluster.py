@@ -1,4 +1,4 @@
-"""The chart's objects against the test control plane (harness/controlplane.py), where no
+"""The chart's objects against the test control plane (harness/controlplane/), where no
 kubelet runs: the webhook server started with the environment and mounts of the rendered
 Deployment, the rendered registration pointed at it, and the chart's hook Jobs run by the test
 (their container's command in this process's Python, as the Job's ServiceAccount) and then

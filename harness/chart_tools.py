@@ -1,5 +1,5 @@
 """The chart's tools for the tests: helm, promtool and kubectl, built by hack/kube-bin.sh from the Go
-module pinned in hack/kube beside the control plane's binaries (harness/controlplane.py finds
+module pinned in hack/kube beside the control plane's binaries (harness/controlplane/ finds
 them), and ``helm template`` of charts/gpuplane.
 """
 

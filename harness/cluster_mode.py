@@ -1,7 +1,7 @@
 """Cluster mode in tests: the GPUs as the real kube-apiserver holds them, and the mirror's
 view of the same devices (shared by tests/kube/test_cluster.py and tests/system/test_faults.py; the
 ``apiserver`` fixture that points gpuplane at the test control plane is in tests/conftest.py,
-the control plane itself in harness/controlplane.py)."""
+the control plane itself in harness/controlplane/)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (``kubectl kustomize``), and looked up by kind and name.
 
 Used by tests/project/test_deploy.py and the control-plane tests. kubectl is the one built beside the
-test control plane from pinned modules (``make kube-bin``; harness/controlplane.py).
+test control plane from pinned modules (``make kube-bin``; harness/controlplane/).
 """
 
 from __future__ import annotations

@@ -51,13 +51,13 @@ from harness.controlplane import (
     ControlPlaneError,
     Process,
     Profile,
-    _prefix_range,
-    free_port,
     kubevirt_dir,
     kwok_dir,
+    prefix_range,
     tool,
 )
 from harness.manifests import overlay, register_webhook
+from harness.ports import free_port
 
 SCHEDULER_USER = "system:kube-scheduler"
 #: KubeVirt's controller identity, as in-cluster: its ServiceAccount in KubeVirt's namespace.
@@ -205,7 +205,7 @@ class VmCluster:
         """The control plane's reset, and the tenants' role bindings (KubeVirt's in its own
         namespace stay: virt-controller keeps its leader lease through them)."""
         self.plane.reset()
-        listed = self.plane.etcd("kv/range", {**_prefix_range("/registry/rolebindings/"), "keys_only": True})
+        listed = self.plane.etcd("kv/range", {**prefix_range("/registry/rolebindings/"), "keys_only": True})
         for item in listed.get("kvs", []):
             namespace = base64.b64decode(item["key"]).decode().split("/")[3]
             if namespace not in PROFILE.kept_namespaces:

@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from binder.queue import queue_full_pass
 from binder.runtime.locking import ADVISORY_KEY
 from gpuplane.celery import app as celery_app
+from harness.ports import free_port
 
 #: The test Redis. Read at call time by :class:`Worker` and :func:`serve_webhook`, so a test
 #: may point them at a Redis of its own (tests/system/test_faults.py monkeypatches it).
@@ -61,12 +62,6 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Worker:

@@ -149,7 +149,7 @@ def demo() -> None:
     load_demo()
 
 
-# -- cluster mode: a real control plane (harness/controlplane.py) ------------------------
+# -- cluster mode: a real control plane (harness/controlplane/) ------------------------
 
 
 @pytest.fixture(scope="session")

@@ -46,8 +46,8 @@ def kubeconfig(request: pytest.FixtureRequest) -> str:
     try:
         plane = request.getfixturevalue("control_plane")
     except pytest.FixtureLookupError:
-        pytest.skip("no control_plane fixture (harness/controlplane.py) in this tree")
-    kubeconfig = plane.kubeconfig  # a method of the admin identity (harness/controlplane.py)
+        pytest.skip("no control_plane fixture (harness/controlplane/) in this tree")
+    kubeconfig = plane.kubeconfig  # a method of the admin identity (harness/controlplane/)
     return str(kubeconfig() if callable(kubeconfig) else kubeconfig)
 
 

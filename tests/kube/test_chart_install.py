@@ -3,7 +3,7 @@ CRD, a rollback and an uninstall, as "Upgrade, rollback and version skew" says.
 
 The install block is run by bash as written, with two substitutions: the release and namespace
 (``gpuplane``/``gpuplane-system`` are deploy/'s on this control plane, installed by
-harness/controlplane.py) become ``docs``/``docs-system``, and ``/secure/`` (the operator's
+harness/controlplane/) become ``docs``/``docs-system``, and ``/secure/`` (the operator's
 secret store) a directory of the test's. No kubelet and no controllers but the namespace and
 garbage-collector ones run here, so harness/chart_cluster.py's HookRunner does their part:
 it runs each hook Job's command (the image's ``python``, this checkout) as the Job's

@@ -5,7 +5,7 @@ For each auth mode the webhook server (``deploy/webhook_server.py``) runs with t
 the rendered container gets (its paths under the Secret mounts pointed at local copies of those
 Secrets), and the rendered MutatingWebhookConfiguration is registered pointing at it; the
 apiserver presents a bearer token, or its client certificate on the one port it has one for
-(harness/controlplane.py), as its AdmissionConfiguration says. A VMI naming a Bound set
+(harness/controlplane/apiserver.py), as its AdmissionConfiguration says. A VMI naming a Bound set
 is stored pinned in every mode. Then, with nothing serving the webhook, a VMI naming no
 gpuplane device is still created and one naming gpuplane devices is refused.
 """
@@ -28,6 +28,7 @@ from harness import workers
 from harness.chart_cluster import VMIS, container_env, create_vmi, one, register, render, secret_volumes
 from harness.controlplane import UNION_USER, ApiError, ControlPlane
 from harness.factories import new_vmi
+from harness.ports import free_port
 from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -90,7 +91,7 @@ def served(request: Any, apiserver: ControlPlane, tmp_path: Path) -> Iterator[tu
     assert env["GPUPLANE_WEBHOOK_AUTH"] == auth
     env.pop("GPUPLANE_WEBHOOK_METRICS_BIND")  # the chart's port, 0.0.0.0:9102, is not the test's
     # The apiserver presents its client certificate to one host:port only.
-    port = apiserver.webhook_cert_port if auth == "client-cert" else workers.free_port()
+    port = apiserver.webhook_cert_port if auth == "client-cert" else free_port()
     with workers.webhook_server(env, tmp_path, scheme="https", probe_http=False, port=port):
         yield auth, f"https://localhost:{port}", docs
 
@@ -132,7 +133,7 @@ def plain_vmi(name: str) -> dict[str, Any]:
 def test_with_the_webhook_down_only_vmis_naming_gpuplane_devices_are_refused(apiserver: ControlPlane) -> None:
     bound_cluster(apiserver)
     configuration = one(chart("token"), "MutatingWebhookConfiguration", f"{RELEASE}-vmi")
-    register(apiserver, configuration, f"https://127.0.0.1:{workers.free_port()}")  # nothing listens there
+    register(apiserver, configuration, f"https://127.0.0.1:{free_port()}")  # nothing listens there
     gpus = new_vmi("t1", "vm1", ["vm1-gpu0", "vm1-gpu1"])
     host_devices = new_vmi("t1", "vm2", [])
     host_devices["spec"]["domain"]["devices"]["gpus"] = []

@@ -1,7 +1,7 @@
 """Cluster mode against a real kube-apiserver: sync, passes that list nothing, status writes, finalizers.
 
 gpuplane talks to the test control plane (etcd, kube-apiserver and kube-controller-manager
-built from pinned modules; harness/controlplane.py) through the official ``kubernetes``
+built from pinned modules; harness/controlplane/) through the official ``kubernetes``
 client over TLS, authenticated as ``gpuplane-test`` (deploy/'s ClusterRoles, together). The
 freshness tests put a proxy in front of the apiserver (harness/faults.py) that holds
 back or drops watch events while reads already return the write, and check that a watch

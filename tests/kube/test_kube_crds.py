@@ -1,5 +1,5 @@
 """gpuplane's CRDs enforced by the real kube-apiserver (SPEC §1): every object below is sent
-to the test control plane (harness/controlplane.py), which validates it against the
+to the test control plane (harness/controlplane/), which validates it against the
 CRDs of deploy/ exactly as a production cluster does (OpenAPI schema, CEL rules, the
 status subresource, metadata names). The objects the CRDs must refuse are refused with a
 message naming the field; what the loader would refuse the apiserver refuses first, so a

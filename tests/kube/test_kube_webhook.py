@@ -5,14 +5,14 @@ operator sets (docs/webhook.md): where the webhook is (here a URL on loopback in
 Service) and the caBundle of the CA that signed its serving certificate. The webhook is
 deploy/webhook_server.py over TLS, authenticating the apiserver as docs/webhook.md tells
 operators to: by a bearer token or by a client certificate, both given to the apiserver by
-its AdmissionConfiguration (harness/controlplane.py). VMIs are created through the
+its AdmissionConfiguration (harness/controlplane/apiserver.py). VMIs are created through the
 API as a user creates them; what the apiserver stores, or the error the user sees, is what
 is checked. The webhook server is another process reading the test's database. On PostgreSQL
 it is deployed as in production: the binder is a `celery worker` and each process has its own
 identity. On SQLite it is the embedded topology: no broker, so the answer pass runs inside the
 webhook server, under one identity holding deploy/'s grants together.
 
-KubeVirt's own VirtualMachineInstance CRD is installed (harness/controlplane.py), so
+KubeVirt's own VirtualMachineInstance CRD is installed (harness/controlplane/objects.py), so
 every stored VMI, patched by the webhook, passed KubeVirt's schema.
 """
 
@@ -37,6 +37,7 @@ from harness import workers
 from harness.controlplane import UNION_USER, ApiError, ControlPlane
 from harness.factories import new_vmi
 from harness.manifests import register_webhook as register
+from harness.ports import free_port
 from harness.shapes import H100, budget_obj, class_obj, gpu_obj, namespace_obj, node_obj
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -163,7 +164,7 @@ def test_another_tenants_device_is_refused_with_the_webhooks_words(apiserver: Co
 def test_with_the_webhook_down_failure_policy_fail_refuses_the_create(apiserver: ControlPlane, tmp_path: Path) -> None:
     """No server behind the registered URL: the apiserver's own error, nothing stored."""
     bound_cluster(apiserver)
-    register(apiserver, f"https://127.0.0.1:{workers.free_port()}")
+    register(apiserver, f"https://127.0.0.1:{free_port()}")
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.chart_tools import CHART, ROOT, run, template, template_text, tool
+from harness.ports import free_port
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CLUSTER, STANDALONE, CUSTOM, OPENSHIFT = (
@@ -455,13 +455,6 @@ def test_every_dashboard_panel_says_what_it_answers() -> None:
                 assert item["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 SYNC_ROWS = """
 from binder.models import SyncStatus
 for kind in ("nodes", "gpus"):
@@ -471,7 +464,7 @@ for kind in ("nodes", "gpus"):
 
 def _scrape(env: dict[str, str]) -> set[str]:
     """The sample names /metrics of a real web process (gunicorn, deploy/gunicorn.conf.py) serves."""
-    port = _free_port()
+    port = free_port()
     env = {**env, "GPUPLANE_BIND": f"127.0.0.1:{port}", "GPUPLANE_WEB_WORKERS": "1"}
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "gunicorn"), "-c", "deploy/gunicorn.conf.py", "gpuplane.wsgi"],
@@ -505,7 +498,7 @@ def _scrape_webhook_server(env: dict[str, str], var: Path) -> set[str]:
     cert, key = make_serving(ca, ca_key, ["localhost"], 2, now)
     (var / "tls.crt").write_bytes(cert)
     (var / "tls.key").write_bytes(key)
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         **env, "GPUPLANE_CLUSTER": "standalone", "GPUPLANE_WEBHOOK_AUTH": "none",
         "GPUPLANE_TLS_CERT_FILE": str(var / "tls.crt"), "GPUPLANE_TLS_KEY_FILE": str(var / "tls.key"),
@@ -544,7 +537,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     run(sys.executable, "manage.py", "demo", cwd=ROOT, env=env, timeout=600)
     run(sys.executable, "manage.py", "shell", "-c", SYNC_ROWS, cwd=ROOT, env=env)
     names = _scrape(env)
-    names |= _scrape({**env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0"})
+    names |= _scrape({**env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
     names |= _scrape_webhook_server(env, var)
     return names
 

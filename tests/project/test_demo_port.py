@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 
 from binder import models
 from gpuplane.management.addrport import ensure_free, parse
+from harness.ports import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +57,4 @@ def test_free_addresses_and_the_runserver_forms() -> None:
     assert parse("8000") == ("127.0.0.1", 8000)
     assert parse("[::1]:8000") == ("::1", 8000)
     assert parse("localhost:8001") == ("localhost", 8001)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        free = probe.getsockname()[1]
-    ensure_free(f"127.0.0.1:{free}")  # no error
+    ensure_free(f"127.0.0.1:{free_port()}")  # no error

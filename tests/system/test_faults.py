@@ -65,6 +65,7 @@ from harness.cluster_mode import GPUS, cluster_gpus, mirrored_devices
 from harness.controlplane import ControlPlane
 from harness.factories import new_vmi, review
 from harness.faults import Kind
+from harness.ports import free_port
 from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
 from harness.webhook_calls import answer_of, post
 from usage.models import UsageRecord
@@ -98,7 +99,7 @@ class OwnRedis:
     """A ``redis-server`` of this test's own (no persistence), so it can be stopped and started."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = workers.free_port()
+        self.port = free_port()
         self.workdir = workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         # No retries: a stopped server must answer "down" at once (redis-py retries with backoff).

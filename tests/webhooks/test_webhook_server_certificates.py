@@ -29,6 +29,7 @@ from deploy.webhook_certificates import make_ca, make_serving, plan, service_nam
 from harness import workers
 from harness.factories import new_vmi
 from harness.factories import review as review_of
+from harness.ports import free_port
 
 NAMES = ["localhost", "gpuplane-webhook.gpuplane-system.svc"]
 NOW = dt.datetime.now(dt.UTC)
@@ -90,7 +91,7 @@ def server(tmp_path: Path) -> Iterator[tuple[int, int, Path, workers.Served]]:
     cert, key = make_serving(ca, ca_key, NAMES, 30, NOW)
     secret = tmp_path / "tls"
     mount(secret, "first", cert, key)
-    port, metrics_port = workers.free_port(), workers.free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("GPUPLANE_", "DATABASE_", "PROMETHEUS_"))},
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",

@@ -20,7 +20,6 @@ import json
 import os
 import runpy
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import resolve
 
+from harness.ports import free_port
 from harness.shapes import new_uid, real, vmi_obj
 from webhooks.management.commands.webhook_cert import service_names
 from webhooks.views import VmiAdmissionView
@@ -408,12 +408,6 @@ def test_the_webhook_server_stops_with_one_line_naming_the_setting(tmp_path: Pat
 
 
 # -- end to end: gunicorn serving HTTPS ------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vmi_review_without_gpus(uid: str) -> dict[str, Any]:

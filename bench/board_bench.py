@@ -17,10 +17,10 @@ Then it times:
   from a local WSGI server, from navigation start to the first contentful paint and to
   the first frame painted after the load event, cold and warm, median of ``--runs``.
 
-    .venv/bin/python bench/board_bench.py --nodes 1000
-    .venv/bin/python bench/board_bench.py --nodes 10000
-    .venv/bin/python bench/board_bench.py --skip-generate --database-url postgres://…/gpuplane_bench  # cluster_bench's
-    .venv/bin/python bench/board_bench.py --nodes 10000 --no-browser --profile 30   # cProfile of one cold GET
+    .venv/bin/python -m bench.board_bench --nodes 1000
+    .venv/bin/python -m bench.board_bench --nodes 10000
+    .venv/bin/python -m bench.board_bench --skip-generate --database-url postgres://…/gpuplane_bench  # cluster_bench's
+    .venv/bin/python -m bench.board_bench --nodes 10000 --no-browser --profile 30   # cProfile of one cold GET
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 H100, A10 = "nvidia.com/GH100_H100_SXM5_80GB", "nvidia.com/GA102GL_A10"
 

@@ -14,8 +14,8 @@ owner references) straight into a dedicated database with COPY, then times:
 * the answer pass, idle and while a full pass runs in another process;
 * the peak memory of a fresh worker process running one pass.
 
-    .venv/bin/python bench/cluster_bench.py --nodes 10000 --devices 100000
-    .venv/bin/python bench/cluster_bench.py --skip-generate          # reuse the last cluster
+    .venv/bin/python -m bench.cluster_bench --nodes 10000 --devices 100000
+    .venv/bin/python -m bench.cluster_bench --skip-generate          # reuse the last cluster
 
 The database (default ``gpuplane_bench`` on the local PostgreSQL) is created if
 missing and migrated; generation empties its binder tables first. The run leaves the
@@ -36,11 +36,11 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from common import (
+from bench.common import (
     DEFAULT_URL,
+    ROOT,
     ensure_database,
     lock_held_elsewhere,
     pct,
@@ -48,11 +48,7 @@ from common import (
     setup_django,
     vacuum_analyze,
 )
-from synth import current_counts, delete_bench_sets, generate, generous_tenants, insert_sets
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.synth import current_counts, delete_bench_sets, generate, generous_tenants, insert_sets
 
 # -- set-up ----------------------------------------------------------------------------------
 
@@ -198,9 +194,9 @@ def read_split() -> dict[str, float]:
 def child_pass(args: argparse.Namespace, kind: str) -> subprocess.Popen[str]:
     """Start a fresh worker process that runs one pass (``passes``: the lending run's steady
     passes and passes after one changed set) and prints a JSON line."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", args.database_url, "--child", kind]
+    cmd = [sys.executable, "-m", "bench.cluster_bench", "--database-url", args.database_url, "--child", kind]
     cmd += ["--runs", str(args.runs), "--seed", str(args.seed)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
 
 
 def child_result(proc: subprocess.Popen[str]) -> dict[str, Any]:

@@ -1,21 +1,25 @@
 """What every bench shares: the bench database (created if missing, never a forbidden one), Django
-set-up, bulk loading with COPY, percentiles and peak memory."""
+set-up, bulk loading with COPY, percentiles and peak memory, and the watch that follows a
+collection of the API as an informer does."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
 import os
 import resource
-import sys
+import socket
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_bench"
 
@@ -250,3 +254,96 @@ def wait_idle(broker: Any, key_prefix: str, timeout: float = 180) -> float:
             return time.monotonic() - clock
         time.sleep(0.5)
     raise SystemExit(f"the worker did not go idle within {timeout:.0f} s")
+
+
+class Watch:
+    """One collection of the API followed as an informer follows it, on a thread of its own:
+    listed, then watched from the list's resourceVersion; when the apiserver ends the watch (it
+    drops a watcher that falls behind a burst, and answers 410 Gone once the version is
+    compacted away) it lists again (``relists`` counts them) and watches on.
+
+    What the objects mean is the owner's: ``listed(items, now)`` is called with every object of
+    each list, ``event(type, object, now)`` with each ADDED, MODIFIED or DELETED event (``now``:
+    ``time.perf_counter()`` when it arrived), both while ``changed`` is held; ``changed`` is
+    notified after each. A failure is kept in ``error`` (and notified) and ends the watch.
+    ``plane`` is the test harness's control plane (``harness.controlplane.ControlPlane``).
+    """
+
+    def __init__(
+        self,
+        plane: Any,
+        path: str,
+        *,
+        listed: Callable[[list[dict[str, Any]], float], None],
+        event: Callable[[str, dict[str, Any], float], None],
+        timeout_seconds: int,
+        name: str,
+    ) -> None:
+        self.plane, self.path = plane, path
+        self._listed, self._event = listed, event
+        self.timeout_seconds = timeout_seconds
+        self.changed = threading.Condition()
+        self.error = ""
+        self.closed = False
+        self.relists = 0
+        self.conn: http.client.HTTPSConnection | None = None
+        version = self._list()
+        self.thread = threading.Thread(target=self._follow, args=(version,), name=name, daemon=True)
+        self.thread.start()
+
+    def _list(self) -> str:
+        listed = self.plane.request("GET", self.path)
+        now = time.perf_counter()
+        with self.changed:
+            self._listed(listed["items"], now)
+            self.changed.notify_all()
+        return str(listed["metadata"]["resourceVersion"])
+
+    def _follow(self, version: str) -> None:
+        from harness.controlplane import ADMIN_USER
+
+        host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
+        sep = "&" if "?" in self.path else "?"
+        headers = {"Authorization": f"Bearer {self.plane.token(ADMIN_USER)}"}
+        while not self.closed:
+            try:
+                self.conn = http.client.HTTPSConnection(host, int(port), context=self.plane.ssl_context())
+                query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds={self.timeout_seconds}"
+                query += f"&resourceVersion={version}"
+                self.conn.request("GET", self.path + sep + query, headers=headers)
+                response = self.conn.getresponse()
+                if response.status != 200:
+                    raise OSError(f"HTTP {response.status}: {response.read()[:300]!r}")
+                while line := response.readline():
+                    event = json.loads(line)
+                    now = time.perf_counter()
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":  # 410 Gone: the version was compacted away; list again
+                        break
+                    version = obj["metadata"].get("resourceVersion") or version
+                    if kind == "BOOKMARK":
+                        continue
+                    with self.changed:
+                        self._event(kind, obj, now)
+                        self.changed.notify_all()
+                if self.closed:
+                    return
+                self.relists += 1
+                version = self._list()
+            except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
+                if self.closed:
+                    return
+                with self.changed:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    self.changed.notify_all()
+                return
+            finally:
+                if self.conn is not None:
+                    self.conn.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError, AttributeError):
+            if self.conn is not None and self.conn.sock is not None:
+                self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=5)

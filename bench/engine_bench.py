@@ -4,8 +4,8 @@ Not a test: it prints figures for docs/benchmarks.md. Synthetic clusters follow 
 fixtures' shape (8 GPUs per node, several classes, sets of 1-8 devices, launcher pods
 listed in their VMI's activePods).
 
-    .venv/bin/python bench/engine_bench.py --nodes 1000 --sets 2000
-    .venv/bin/python bench/engine_bench.py --nodes 1000 --sets 2000 --alternatives-share 0.3
+    .venv/bin/python -m bench.engine_bench --nodes 1000 --sets 2000
+    .venv/bin/python -m bench.engine_bench --nodes 1000 --sets 2000 --alternatives-share 0.3
 
 ``--alternatives-share`` gives that share of the orders two or three classes to choose from
 (their own first, then the next ones), as orders that accept several GPU classes do.
@@ -19,12 +19,8 @@ import hashlib
 import random
 import resource
 import statistics
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from binder.engine import Cluster, Device, GpuClass, Node, PassResult, Pod, Vmi, full_pass
 

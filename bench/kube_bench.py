@@ -32,8 +32,8 @@ Side by side in one run:
   after its answer passes, so every set is still Pending when its VMI's create starts and the
   webhook's bind-and-wait does the work), one creator and ``--creators`` at once.
 
-    .venv/bin/python bench/kube_bench.py --nodes 1000 --gpus 10000
-    .venv/bin/python bench/kube_bench.py --nodes 10000 --gpus 100000
+    .venv/bin/python -m bench.kube_bench --nodes 1000 --gpus 10000
+    .venv/bin/python -m bench.kube_bench --nodes 10000 --gpus 100000
 
 The over-capacity batch leaves orders waiting, older than the VMI phase's Pending orders, which
 the passes then place first (oldest order first) on the fresh nodes meant for them: measure
@@ -52,11 +52,9 @@ import contextlib
 import os
 import random
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 from collections import Counter
@@ -65,10 +63,19 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, drop_database, ensure_database, pct, peak_rss_mib, rss_mib, setup_django, wait_idle
-from servers import REDIS_URL, free_port, start_celery, stop
-
-sys.path.insert(0, str(ROOT))
+from bench.common import (
+    ROOT,
+    Watch,
+    drop_database,
+    ensure_database,
+    pct,
+    peak_rss_mib,
+    rss_mib,
+    setup_django,
+    wait_idle,
+)
+from bench.servers import REDIS_URL, start_celery, stop
+from harness.ports import free_port
 
 MIG = "nvidia.com/mig-3g.40gb"
 UNITS_PER_NODE = 16
@@ -175,89 +182,42 @@ class Tally:
     """The objects of one collection as a watch reports them, counted by state: the bench
     learns when a batch is done without listing it again and again (a LIST of 10,000 GPUs
     every half second took a fair share of the apiserver's CPU, more the longer the tail).
-    As an informer does, it lists again and watches on when the apiserver ends the watch
-    (it drops a watcher that falls behind a burst)."""
+    The watch (``bench.common.Watch``) lists again and watches on when the apiserver ends it."""
 
     def __init__(self, plane: Any, path: str, state: Callable[[dict[str, Any]], str]) -> None:
-        self.plane, self.path, self.state = plane, path, state
+        self.state = state
         self.states: dict[str, str] = {}
-        self.error = ""
-        self.closed = False
-        self.relists = 0
-        self.conn: Any = None
-        self.changed = threading.Condition()
-        version = self._list()
-        self.thread = threading.Thread(target=self._follow, args=(version,), name=f"tally {path}", daemon=True)
-        self.thread.start()
+        self.watch = Watch(
+            plane, path, listed=self._listed, event=self._event, timeout_seconds=7200, name=f"tally {path}"
+        )
 
-    def _list(self) -> str:
-        listed = self.plane.request("GET", self.path)
-        with self.changed:
-            self.states = {o["metadata"]["name"]: self.state(o) for o in listed["items"]}
-            self.changed.notify_all()
-        return str(listed["metadata"]["resourceVersion"])
+    @property
+    def relists(self) -> int:
+        return self.watch.relists
 
-    def _follow(self, version: str) -> None:
-        import http.client
-        import json
+    def _listed(self, items: list[dict[str, Any]], now: float) -> None:
+        self.states = {o["metadata"]["name"]: self.state(o) for o in items}
 
-        from harness.controlplane import ADMIN_USER
-
-        host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
-        sep = "&" if "?" in self.path else "?"
-        headers = {"Authorization": f"Bearer {self.plane.token(ADMIN_USER)}"}
-        while not self.closed:
-            try:
-                self.conn = http.client.HTTPSConnection(host, int(port), context=self.plane.ssl_context())
-                query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds=7200&resourceVersion={version}"
-                self.conn.request("GET", self.path + sep + query, headers=headers)
-                response = self.conn.getresponse()
-                if response.status != 200:
-                    raise OSError(f"HTTP {response.status}: {response.read()[:300]!r}")
-                while line := response.readline():
-                    event = json.loads(line)
-                    kind, obj = event["type"], event["object"]
-                    if kind == "ERROR":  # 410 Gone: the version was compacted away
-                        break
-                    version = obj["metadata"].get("resourceVersion") or version
-                    if kind == "BOOKMARK":
-                        continue
-                    with self.changed:
-                        if kind == "DELETED":
-                            self.states.pop(obj["metadata"]["name"], None)
-                        else:
-                            self.states[obj["metadata"]["name"]] = self.state(obj)
-                        self.changed.notify_all()
-                if self.closed:
-                    return
-                self.relists += 1
-                version = self._list()
-            except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
-                if self.closed:
-                    return
-                with self.changed:
-                    self.error = f"{type(exc).__name__}: {exc}"
-                    self.changed.notify_all()
-                return
-            finally:
-                self.conn.close()
+    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        if kind == "DELETED":
+            self.states.pop(obj["metadata"]["name"], None)
+        else:
+            self.states[obj["metadata"]["name"]] = self.state(obj)
 
     def wait(self, state: str, expected: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
         """Until ``expected`` objects are in ``state``; SystemExit after ``timeout`` seconds,
         when the watch fails, or when ``alive()`` turns false (the process doing the work died)."""
         deadline = time.monotonic() + timeout
-        with self.changed:
+        watch = self.watch
+        with watch.changed:
             while sum(1 for s in self.states.values() if s == state) < expected:
-                if self.error or not alive() or time.monotonic() > deadline:
+                if watch.error or not alive() or time.monotonic() > deadline:
                     counts = dict(Counter(self.states.values()))
-                    raise SystemExit(f"not {expected:,} {state} within {timeout:.0f} s: {counts} {self.error}")
-                self.changed.wait(1.0)
+                    raise SystemExit(f"not {expected:,} {state} within {timeout:.0f} s: {counts} {watch.error}")
+                watch.changed.wait(1.0)
 
     def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError, AttributeError):
-            self.conn.sock.shutdown(socket.SHUT_RDWR)
-        self.thread.join(timeout=5)
+        self.watch.close()
 
 
 def gpu_state(gpu: dict[str, Any]) -> str:

@@ -36,9 +36,9 @@ no node's booked units above allocatable for any resource, every set whole (held
 members share one phase and one node), every device once, and every allowed call's
 pinned node the node its devices are Bound on.
 
-    .venv/bin/python bench/load_bench.py                       # generate, load, check, drop
-    .venv/bin/python bench/load_bench.py --keep                 # keep gpuplane_load_bench
-    .venv/bin/python bench/load_bench.py --skip-generate --keep # reuse it
+    .venv/bin/python -m bench.load_bench                       # generate, load, check, drop
+    .venv/bin/python -m bench.load_bench --keep                 # keep gpuplane_load_bench
+    .venv/bin/python -m bench.load_bench --skip-generate --keep # reuse it
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ import random
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -63,13 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import database_name, drop_database, ensure_database, pct, setup_django, wait_idle
-from servers import REDIS_URL, child_env, start_celery, start_server, stop
-from synth import SIZE_WEIGHTS, SIZES, bound_bodies, generate, generous_tenants, insert_sets
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.common import database_name, drop_database, ensure_database, pct, setup_django, wait_idle
+from bench.servers import REDIS_URL, child_env, start_celery, start_server, stop
+from bench.synth import SIZE_WEIGHTS, SIZES, bound_bodies, generate, generous_tenants, insert_sets
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_load_bench"
 PREFIX = "loadbench-"  # vm names of every set and VMI this bench makes up

@@ -4,7 +4,7 @@ Not a test. ``binder.runtime.readmodel`` builds from the same ``MirrorState`` co
 binder's state; this measures one build in a fresh process (what a web process pays at
 start, and what it holds after)::
 
-    .venv/bin/python bench/readmodel_scale.py --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_sc
+    .venv/bin/python -m bench.readmodel_scale --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_sc
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
-from common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ fresh process of its own (so each peak RSS is that step's):
 * ``orders``: ``--orders`` new Pending sets bound by one full pass of a warm worker (and
   the pass after it), then deleted again.
 
-    .venv/bin/python bench/scale_bench.py --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_sc
-    .venv/bin/python bench/scale_bench.py --step scratch --profile cprofile   # one step, profiled
+    .venv/bin/python -m bench.scale_bench --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_sc
+    .venv/bin/python -m bench.scale_bench --step scratch --profile cprofile   # one step, profiled
 
 Each step first runs ``VACUUM ANALYZE`` (untimed; ``--no-vacuum`` skips it), standing for
 production's autovacuum, which this machine's PostgreSQL has off (``common.vacuum_analyze``).
@@ -33,14 +33,10 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_URL, peak_rss_mib, rss_mib, setup_django, vacuum_analyze
-from synth import delete_bench_sets, insert_sets
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import DEFAULT_URL, ROOT, peak_rss_mib, rss_mib, setup_django, vacuum_analyze
+from bench.synth import delete_bench_sets, insert_sets
 
 
 def profiled(how: str, top: int) -> Any:
@@ -231,11 +227,11 @@ def main() -> None:
     if args.step == "all":
         figures = {}
         for step in STEPS:
-            command = [sys.executable, __file__, "--step", step, "--database-url", args.database_url]
+            command = [sys.executable, "-m", "bench.scale_bench", "--step", step, "--database-url", args.database_url]
             command += ["--orders", str(args.orders), "--seed", str(args.seed)]
             command += ["--phases"] if args.phases else []
             command += ["--no-vacuum"] if args.no_vacuum else []
-            done = subprocess.run(command, check=True, capture_output=True, text=True)  # noqa: S603
+            done = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)  # noqa: S603
             figures[step] = json.loads(done.stdout.strip().splitlines()[-1])
             print(step, json.dumps(figures[step]), file=sys.stderr, flush=True)
         figures["load_average"] = os.getloadavg()

@@ -7,7 +7,6 @@ import argparse
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +14,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from harness.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 #: The benches' broker (``GPUPLANE_BENCH_REDIS_URL`` picks another database, so benches run
 #: side by side do not share one; each run's keys carry a prefix of its own anyway).
 REDIS_URL = os.environ.get("GPUPLANE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def child_env(args: argparse.Namespace, key_prefix: str, var_dir: Path) -> dict[str, str]:

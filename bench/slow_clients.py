@@ -6,7 +6,7 @@ and meanwhile sends ``GET /healthz`` (or a review, ``--path``) once every 50 ms 
 ordinary client, measuring each answer. Prints the ordinary client's p50/p99/max and how
 many of its calls failed, and how many slow sockets the server closed on its own.
 
-    python bench/slow_clients.py --url http://127.0.0.1:8000 --slow 200 --seconds 15
+    python -m bench.slow_clients --url http://127.0.0.1:8000 --slow 200 --seconds 15
 
 Run it against ``gunicorn -c deploy/gunicorn.conf.py gpuplane.wsgi`` (the API server)
 and against ``python deploy/webhook_server.py`` (the webhook server) to compare; the

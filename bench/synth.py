@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from common import Packer, load
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.common import Packer, load
 
 #: The device columns the generator and the inserted orders write (the rest take their defaults).
 DEVICE_COLUMNS = (

@@ -5,7 +5,7 @@ Not a test: it prints figures for docs/benchmarks.md. The trace is Alibaba's
 node list (GPU model and count per node) and pod lists, a third of whose whole-GPU pods
 name several GPU models they would accept.
 
-    .venv/bin/python bench/trace_replay.py \\
+    .venv/bin/python -m bench.trace_replay \\
         --nodes bench/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \\
         --pods bench/traces/alibaba-gpu-v2023/openb_pod_list_gpuspec33.csv --demand 0.9,1.0 --json
 
@@ -31,15 +31,12 @@ import gzip
 import hashlib
 import io
 import json
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from binder.engine import Budget, Cluster, Device, GpuClass, Node, Phase, Pod, Vmi, full_pass, ledger_for
 from binder.engine.accounting import Ledger

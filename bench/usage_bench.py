@@ -25,9 +25,9 @@ key + phase + a 30-day from/to, filtered by subject, last page; and the CSV expo
 days. Each case then runs once in-process to count its SQL, and the slowest queries of
 every case that misses the target (or of all, with ``--explain``) are EXPLAIN ANALYZEd.
 
-    .venv/bin/python bench/usage_bench.py
-    .venv/bin/python bench/usage_bench.py --keep          # keep the database afterwards
-    .venv/bin/python bench/usage_bench.py --skip-generate # reuse a kept database
+    .venv/bin/python -m bench.usage_bench
+    .venv/bin/python -m bench.usage_bench --keep          # keep the database afterwards
+    .venv/bin/python -m bench.usage_bench --skip-generate # reuse a kept database
 
 The database is dropped at the end unless ``--keep``; gunicorn is always stopped.
 """
@@ -42,7 +42,6 @@ import os
 import random
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -51,13 +50,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
-from common import admin_url, database_name, dedicated_name, drop_database, pct, setup_django
-from servers import start_server, stop
-from synth import CLASSES, NODE_SELECTOR, node_labels
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.common import admin_url, database_name, dedicated_name, drop_database, pct, setup_django
+from bench.servers import start_server, stop
+from bench.synth import CLASSES, NODE_SELECTOR, node_labels
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gpuplane_usage_bench"
 PASS_SECONDS = 60  # records open and close on full passes, one a minute

@@ -1,7 +1,7 @@
 """Benchmark the usage-record write of a pass that binds many orders, index by index.
 
 Not a test. Against a database with a generated cluster whose records a full pass has
-opened (``bench/cluster_bench.py --generate-only`` then ``manage.py run_pass``), it times
+opened (``python -m bench.cluster_bench --generate-only`` then ``manage.py run_pass``), it times
 what ``binder.runtime.usage_records`` does for a pass that binds ``--rows`` new devices: the open-record
 lookup for their subjects (``open_records_of``: one join on arrays) and the COPY of their
 new records (``write_plan``). Each run is one transaction that is rolled back, so the
@@ -9,24 +9,18 @@ database is left as it was; ``--without`` drops the named indexes inside that tr
 first (DROP INDEX is transactional in PostgreSQL), which compares index sets on the same
 table without migrating back and forth.
 
-    .venv/bin/python bench/usage_write_bench.py --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench
-    .venv/bin/python bench/usage_write_bench.py --without usage_open_idx usage_subject_idx
+    .venv/bin/python -m bench.usage_write_bench --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench
+    .venv/bin/python -m bench.usage_write_bench --without usage_open_idx usage_subject_idx
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from common import DEFAULT_URL, setup_django  # noqa: E402
+from bench.common import DEFAULT_URL, setup_django
 
 
 def main() -> None:

@@ -32,8 +32,8 @@ the bench waits until their launchers are gone. For each start window the apiser
 logged, and kwok's node leases are left out as background) and the CPU of every process are
 added up per arm.
 
-    .venv/bin/python bench/vm_start_bench.py --nodes 50
-    .venv/bin/python bench/vm_start_bench.py --nodes 1000 --json vm-start.json
+    .venv/bin/python -m bench.vm_start_bench --nodes 50
+    .venv/bin/python -m bench.vm_start_bench --nodes 1000 --json vm-start.json
 
 The KubeVirt VM controller live-updates a running VMI's node selector and affinity from its
 VM's template (1.8's LiveUpdate rollout), so the bench creates VMIs directly (no VM) and checks
@@ -49,28 +49,22 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import http.client
 import json
 import os
 import secrets
-import socket
 import sys
 import tempfile
-import threading
 import time
-import urllib.parse
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, drop_database, ensure_database, setup_django
-from common import pct as _pct
-from kube_bench import proc_cpu_seconds
-from servers import REDIS_URL
-
-sys.path.insert(0, str(ROOT))
+from bench.common import Watch, drop_database, ensure_database, setup_django
+from bench.common import pct as _pct
+from bench.kube_bench import proc_cpu_seconds
+from bench.servers import REDIS_URL
 
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"
 CLASS = "h100"
@@ -198,7 +192,8 @@ class Cpu:
         """The PostgreSQL backends serving this run's database, on one connection kept open
         (the server is shared, its connections few); none if it cannot be read."""
         import psycopg
-        from common import admin_url, database_name
+
+        from bench.common import admin_url, database_name
 
         try:
             if self.conn is None or self.conn.closed:
@@ -234,24 +229,23 @@ class Cpu:
 
 
 class Launchers:
-    """Every virt-launcher pod, from one watch: when each VMI's launcher was first seen Running
+    """Every virt-launcher pod, from one watch (``bench.common.Watch``, which lists again and
+    watches on when the apiserver ends it): when each VMI's launcher was first seen Running
     (keyed by the VMI's uid, KubeVirt's ``kubevirt.io/created-by`` label), on which node, and
-    which launchers still exist. Lists again and watches on when the apiserver ends the watch."""
+    which launchers still exist."""
 
     PATH = "/api/v1/pods?labelSelector=kubevirt.io%3Dvirt-launcher"
 
     def __init__(self, plane: Any) -> None:
-        self.plane = plane
         self.running: dict[str, tuple[float, str]] = {}
         self.live: dict[str, str] = {}  # pod uid -> namespace
-        self.changed = threading.Condition()
-        self.closed = False
-        self.error = ""
-        self.relists = 0
-        self.conn: http.client.HTTPSConnection | None = None
-        version = self._list()
-        self.thread = threading.Thread(target=self._follow, args=(version,), name="launcher watch", daemon=True)
-        self.thread.start()
+        self.watch = Watch(
+            plane, self.PATH, listed=self._listed, event=self._seen, timeout_seconds=3600, name="launcher watch"
+        )
+
+    @property
+    def relists(self) -> int:
+        return self.watch.relists
 
     def _seen(self, kind: str, pod: dict[str, Any], now: float) -> None:
         meta = pod["metadata"]
@@ -263,76 +257,28 @@ class Launchers:
         if vmi and (pod.get("status") or {}).get("phase") == "Running" and vmi not in self.running:
             self.running[vmi] = (now, pod["spec"].get("nodeName", ""))
 
-    def _list(self) -> str:
-        listed = self.plane.request("GET", self.PATH)
-        now = time.perf_counter()
-        with self.changed:
-            self.live = {}
-            for pod in listed["items"]:
-                self._seen("ADDED", pod, now)
-            self.changed.notify_all()
-        return str(listed["metadata"]["resourceVersion"])
-
-    def _follow(self, version: str) -> None:
-        from harness.controlplane import ADMIN_USER
-
-        host, port = urllib.parse.urlsplit(self.plane.url).netloc.rsplit(":", 1)
-        headers = {"Authorization": f"Bearer {self.plane.token(ADMIN_USER)}"}
-        while not self.closed:
-            try:
-                self.conn = http.client.HTTPSConnection(host, int(port), context=self.plane.ssl_context())
-                query = f"&watch=1&allowWatchBookmarks=true&timeoutSeconds=3600&resourceVersion={version}"
-                self.conn.request("GET", self.PATH + query, headers=headers)
-                response = self.conn.getresponse()
-                if response.status != 200:
-                    raise OSError(f"HTTP {response.status}: {response.read()[:300]!r}")
-                while line := response.readline():
-                    event = json.loads(line)
-                    now = time.perf_counter()
-                    kind, obj = event["type"], event["object"]
-                    if kind == "ERROR":  # 410 Gone: list again
-                        break
-                    version = obj["metadata"].get("resourceVersion") or version
-                    if kind == "BOOKMARK":
-                        continue
-                    with self.changed:
-                        self._seen(kind, obj, now)
-                        self.changed.notify_all()
-                if self.closed:
-                    return
-                self.relists += 1
-                version = self._list()
-            except Exception as exc:  # noqa: BLE001 - http.client fails in several ways once closed
-                if self.closed:
-                    return
-                with self.changed:
-                    self.error = f"{type(exc).__name__}: {exc}"
-                    self.changed.notify_all()
-                return
-            finally:
-                if self.conn is not None:
-                    self.conn.close()
+    def _listed(self, pods: list[dict[str, Any]], now: float) -> None:
+        self.live = {}
+        for pod in pods:
+            self._seen("ADDED", pod, now)
 
     def wait_running(self, vmi_uid: str, timeout: float) -> tuple[float, str]:
         """(when, node) the launcher of the VMI ``vmi_uid`` was first seen Running."""
-        with self.changed:
-            if not self.changed.wait_for(lambda: vmi_uid in self.running or bool(self.error), timeout):
+        watch = self.watch
+        with watch.changed:
+            if not watch.changed.wait_for(lambda: vmi_uid in self.running or bool(watch.error), timeout):
                 raise TimeoutError(f"no launcher Running for VMI {vmi_uid} within {timeout:.0f} s")
             if vmi_uid not in self.running:
-                raise SystemExit(f"the launcher watch failed: {self.error}")
+                raise SystemExit(f"the launcher watch failed: {watch.error}")
             return self.running[vmi_uid]
 
     def wait_gone(self, namespace: str, timeout: float) -> None:
-        with self.changed:
-            if not self.changed.wait_for(lambda: namespace not in self.live.values(), timeout):
+        with self.watch.changed:
+            if not self.watch.changed.wait_for(lambda: namespace not in self.live.values(), timeout):
                 raise SystemExit(f"launchers in {namespace} still there after {timeout:.0f} s")
 
     def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError, AttributeError):
-            if self.conn is not None and self.conn.sock is not None:
-                self.conn.sock.shutdown(socket.SHUT_RDWR)
-        self.thread.join(timeout=5)
+        self.watch.close()
 
 
 # -- the run ----------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ threads (this process) used. Before the server starts, one read model is
 built in a fresh process: its build time and the memory it added; the web processes'
 resident memory is read again after the run.
 
-    .venv/bin/python bench/webhook_bench.py                       # gpuplane_bench (10k nodes)
-    .venv/bin/python bench/webhook_bench.py --calls 100 --pending 40 \\
+    .venv/bin/python -m bench.webhook_bench                       # gpuplane_bench (10k nodes)
+    .venv/bin/python -m bench.webhook_bench --calls 100 --pending 40 \\
         --database-url postgres://postgres@127.0.0.1:5432/gpuplane_bench_1k
 
 Everything it inserts (sets named ``whbench-*``) is deleted again and one full pass
@@ -50,13 +50,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from common import DEFAULT_URL, database_name, json_dump, model_defaults, pct, setup_django, wait_idle
-from servers import REDIS_URL, child_env, start_server, start_worker, stop
-from synth import bound_bodies, generous_tenants
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.common import DEFAULT_URL, ROOT, database_name, json_dump, model_defaults, pct, setup_django, wait_idle
+from bench.servers import REDIS_URL, child_env, start_server, start_worker, stop
+from bench.synth import bound_bodies, generous_tenants
 
 PREFIX = "whbench-"  # vm names of every set this bench inserts
 
@@ -68,8 +64,8 @@ class PassLoop:
     """A separate process running full passes back to back (``--child-loop``)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", args.database_url, "--child-loop"]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        cmd = [sys.executable, "-m", "bench.webhook_bench", "--database-url", args.database_url, "--child-loop"]
+        self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
         self.durations: list[float] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -158,8 +154,8 @@ def worker_rss_mib(pid: int) -> list[float]:
 
 def measure_build(database_url: str) -> dict[str, float]:
     """Build one read model in a fresh process: seconds and the RSS it added (``--child-build``)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--database-url", database_url, "--child-build"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)  # noqa: S603
+    cmd = [sys.executable, "-m", "bench.webhook_bench", "--database-url", database_url, "--child-build"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)  # noqa: S603
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -568,7 +564,7 @@ def main() -> None:
     from binder.runtime.passes import run_pass
 
     if not models.GpuDevice.objects.filter(phase="Bound").exists():
-        raise SystemExit("no Bound sets: generate a cluster first (bench/cluster_bench.py --generate-only)")
+        raise SystemExit("no Bound sets: generate a cluster first (python -m bench.cluster_bench --generate-only)")
     delete_inserted()  # leftovers of an interrupted run
     key_prefix = f"gpuplane-webhook-bench-{os.getpid()}:"
     broker = redis.Redis.from_url(REDIS_URL)

@@ -1,13 +1,17 @@
 """The chart's tools for the tests: helm, promtool and kubectl, built by hack/kube-bin.sh from the Go
 module pinned in hack/kube beside the control plane's binaries (harness/controlplane/ finds
-them), and ``helm template`` of charts/gpuplane.
+them), ``helm template`` of charts/gpuplane, and hack/chart.py (what generates the chart's
+schema, the values table and the dashboards) as a module.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -35,6 +39,17 @@ def tool(name: str) -> str:
     if isinstance(found, str):
         pytest.fail(found, pytrace=False)
     return str(found)
+
+
+@functools.cache
+def chart_script() -> ModuleType:
+    """hack/chart.py, loaded from its file (hack/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("hack_chart", ROOT / "hack" / "chart.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(*args: str, check: bool = True, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.chart_tools import CHART, ROOT, run, template, tool
+from harness.chart_tools import CHART, ROOT, chart_script, run, template, tool
 
 CI = CHART / "ci"
 CLUSTER, CUSTOM, OPENSHIFT = CI / "cluster-values.yaml", CI / "custom-values.yaml", CI / "openshift-values.yaml"
@@ -225,9 +225,7 @@ def test_the_schema_is_generated_from_the_values_file() -> None:
 
 
 def test_the_schema_check_fails_on_a_stale_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import chart  # type: ignore[import-not-found]
-
+    chart = chart_script()
     values = tmp_path / "values.yaml"
     values.write_text((CHART / "values.yaml").read_text() + "# -- A new value.\nbrandNew: 3\n")
     monkeypatch.setattr(chart, "CHART", tmp_path)

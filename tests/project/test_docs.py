@@ -2,8 +2,9 @@
 
 A newcomer copies commands from the docs and follows their links. So every
 ``manage.py <command>`` shown is a command Django knows, every ``make <target>`` is a
-target of the Makefile, every ``bench/<script>.py --flag`` is one of that script's options
-(read from its ``--help``, so argparse is the truth), and every relative link, image and
+target of the Makefile, every ``python -m bench.<name> --flag`` is one of that bench's options
+(read from its ``--help``, so argparse is the truth), no bench is shown run as a script
+(``python bench/<name>.py``: the benches are a package), and every relative link, image and
 ``#anchor`` resolves to a file and a heading (GitHub's anchor rules). Commands are looked
 for in code only (inline code and fenced blocks), where a reader would copy them from.
 """
@@ -115,31 +116,37 @@ def long_cells(text: str, limit: int = MAX_CELL) -> list[str]:
     return found
 
 
+#: A bench on a command line: ``python -m bench.<name>``.
+BENCH = re.compile(r"-m\s+bench\.(\w+)")
+#: A bench run as a script, which no longer starts (its imports are the package's).
+BENCH_SCRIPT = re.compile(r"python[\w.]*\s+(?:\S*/)?bench/\w+\.py")
+
+
 @cache
-def bench_options(script: str) -> frozenset[str]:
+def bench_options(name: str) -> frozenset[str]:
     done = subprocess.run(
-        [sys.executable, f"bench/{script}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0, f"bench/{script} --help failed:\n{done.stderr}"
+    assert done.returncode == 0, f"python -m bench.{name} --help failed:\n{done.stderr}"
     return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
 
 
 def bench_flags(text: str) -> Iterator[tuple[str, str]]:
-    """(script, flag) for every flag shown with a bench script: on its command line, its
+    """(bench, flag) for every flag shown with a bench: on its command line, its
     continuation lines, and the ``# options: ...`` comment lines after it."""
-    script = None
+    name = None
     continued = False
     for line in code_lines(text):
-        named = re.findall(r"bench/(\w+\.py)", line)
+        named = BENCH.findall(line)
         if named:
-            script = named[-1]
+            name = named[-1]
         elif not (continued or re.match(r"\s*#\s*(options:)?\s*--", line)):
-            script = None
+            name = None
         continued = line.rstrip().endswith("\\")
-        if script is not None:
-            shown = line.split(f"bench/{script}", 1)[-1] if named else line
+        if name is not None:
+            shown = line.split(f"bench.{name}", 1)[-1] if named else line
             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown):
-                yield script, flag
+                yield name, flag
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -166,7 +173,7 @@ def test_every_make_target_shown_exists(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_bench_flag_shown_is_an_option_of_its_script(page: Path) -> None:
-    wrong = sorted({f"bench/{s} {f}" for s, f in bench_flags(page.read_text()) if f not in bench_options(s)})
+    wrong = sorted({f"bench.{s} {f}" for s, f in bench_flags(page.read_text()) if f not in bench_options(s)})
     assert wrong == []
 
 
@@ -190,6 +197,11 @@ def test_a_long_cell_is_found_and_a_short_one_or_one_in_code_is_not() -> None:
     assert long_cells(text) == [f"line 4: 404 characters: `{'a' * 59}...", f"line 5: 301 characters: {'x' * 60}..."]
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_bench_shown_is_run_as_a_module(page: Path) -> None:
+    assert [line for line in code_lines(page.read_text()) if BENCH_SCRIPT.search(line)] == []
+
+
 def test_the_docs_show_what_the_checks_look_for() -> None:
     """The finders find: a check that found nothing would pass on any text."""
     text = "\n".join(p.read_text() for p in PAGES)
@@ -207,8 +219,9 @@ def test_a_broken_link_an_unknown_anchor_a_missing_command_and_flag_are_found(tm
     page.write_text(
         "# Page\n\nSee [there](other.md#a-section-with-punctuation), [here](#page),\n"
         "[gone](missing.md), [no anchor](other.md#nothing) and [none here](#nowhere).\n\n"
-        "```sh\n# [not a link](in-code.md)\n.venv/bin/python bench/engine_bench.py --nodes 10 --no-such-flag\n"
-        "# options: --sets --nor-this\nmanage.py no_such_command\nmake no-such-target\n```\n"
+        "```sh\n# [not a link](in-code.md)\n.venv/bin/python -m bench.engine_bench --nodes 10 --no-such-flag\n"
+        "# options: --sets --nor-this\nmanage.py no_such_command\nmake no-such-target\n"
+        ".venv/bin/python bench/engine_bench.py --nodes 10\n```\n"
     )
     assert broken_links(page) == [
         "page.md: missing.md: no such file",
@@ -217,6 +230,9 @@ def test_a_broken_link_an_unknown_anchor_a_missing_command_and_flag_are_found(tm
     ]
     flags = [f for s, f in bench_flags(page.read_text()) if f not in bench_options(s)]
     assert flags == ["--no-such-flag", "--nor-this"]
+    assert [line for line in code_lines(page.read_text()) if BENCH_SCRIPT.search(line)] == [
+        ".venv/bin/python bench/engine_bench.py --nodes 10"
+    ]
     shown = [m for line in code_lines(page.read_text()) for m in re.findall(r"manage\.py\s+([a-z_]+)", line)]
     assert shown == ["no_such_command"] and "no_such_command" not in get_commands()
 

@@ -96,7 +96,7 @@ def test_no_test_module_imports_another() -> None:
     )
     offenders = [
         str(path.relative_to(root))
-        for folder in ("tests", "bench")
+        for folder in ("tests", "harness", "bench")
         for path in sorted((root / folder).rglob("*.py"))
         if "vendor" not in path.parts and pattern.search(path.read_text())
     ]

@@ -203,8 +203,7 @@ def test_a_shutdown_saves_the_state() -> None:
 
 
 WRITER = """
-import os, sys, time
-sys.path.insert(0, os.getcwd())
+import os, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplane.settings")
 import django
 django.setup()

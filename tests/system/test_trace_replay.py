@@ -43,9 +43,9 @@ def test_replay_on_a_slice(tmp_path: Path) -> None:
     pod_file = _write(tmp_path / "pods.csv", slice_pods)
 
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "trace_replay.py"), "--nodes", str(node_file), "--pods", str(pod_file),
+        [sys.executable, "-m", "bench.trace_replay", "--nodes", str(node_file), "--pods", str(pod_file),
          "--demand", "0.9,1.0", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(figures) == {"0.9", "1.0"}
@@ -65,9 +65,9 @@ def test_replay_reads_the_stored_compressed_copy(tmp_path: Path) -> None:
     pods = _rows("openb_pod_list_default")[:30]
     pod_file = _write(tmp_path / "pods.csv", pods)
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "trace_replay.py"),
+        [sys.executable, "-m", "bench.trace_replay",
          "--nodes", str(TRACE / "openb_node_list_gpu_node.csv"), "--pods", str(pod_file), "--demand", "0.05", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures["0.05"]["alternatives"]["refused"] == 0
@@ -75,9 +75,9 @@ def test_replay_reads_the_stored_compressed_copy(tmp_path: Path) -> None:
 
 def test_bad_demand_is_a_clear_error(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "trace_replay.py"), "--nodes", "x.csv", "--pods", "y.csv",
+        [sys.executable, "-m", "bench.trace_replay", "--nodes", "x.csv", "--pods", "y.csv",
          "--demand", "lots"],
-        capture_output=True, text=True, check=False, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert run.returncode == 2
     assert "--demand must be comma-separated numbers" in run.stderr
@@ -95,9 +95,9 @@ def test_lending_run_on_a_slice(tmp_path: Path) -> None:
     node_file = _write(tmp_path / "nodes.csv", slice_nodes)
     pod_file = _write(tmp_path / "pods.csv", pods)
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "trace_replay.py"), "--nodes", str(node_file), "--pods", str(pod_file),
+        [sys.executable, "-m", "bench.trace_replay", "--nodes", str(node_file), "--pods", str(pod_file),
          "--demand", "1.0", "--lending", "--burst-passes", "10", "--json"],
-        capture_output=True, text=True, check=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     lending = figures["lending"]

@@ -30,12 +30,14 @@ import sys
 from pathlib import Path
 
 # gunicorn loads this file by path, before the application: the repository root makes
-# deploy/serving.py (the checks the webhook server makes too) importable.
+# deploy/serving.py (the checks the webhook server makes too) and gpuplane's setting parsers
+# importable.
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from deploy.serving import TLS_PORT, positive_int, tls_files  # noqa: E402
+from deploy.serving import TLS_PORT, tls_files  # noqa: E402
+from gpuplane.settings_parsers import positive_int  # noqa: E402
 
 PLAIN_PORT = 8000
 

@@ -5,9 +5,10 @@ files from the environment; one copy of the checks means one wording and one beh
 a size below 1 or not a number, one TLS file without the other, a path that is no file,
 and cluster mode without TLS (the kube-apiserver calls admission webhooks over HTTPS only,
 so a plain-HTTP server there would only make every VMI CREATE fail less obviously) all
-stop the server before it binds, naming the variable. Standard library only: gunicorn
-loads its config file before any Django code. ``gpuplane.settings`` reads its own
-integers and yes/no settings through the same two parsers.
+stop the server before it binds, naming the variable. Nothing of Django: gunicorn loads its
+config file before the application. The integers and yes/no settings are read with the
+parsers ``gpuplane.settings`` reads its own with (``gpuplane/settings_parsers.py``), which
+raise the same :class:`SettingError`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-class ServingError(RuntimeError):
-    """A setting the server cannot start with; the message names the variable."""
-
+from gpuplane.settings_parsers import SettingError
 
 CLUSTER_NEEDS_TLS = (
     "GPUPLANE_CLUSTER=kubernetes needs TLS: the kube-apiserver calls the VMI webhook over HTTPS only. "
@@ -31,36 +29,6 @@ CLUSTER_NEEDS_TLS = (
 TLS_PORT = 8443
 
 
-def positive_int(name: str, default: int, minimum: int = 1) -> int:
-    """``name`` as an integer of at least ``minimum`` (``default`` when unset or empty)."""
-    raw = os.environ.get(name) or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ServingError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ServingError(f"{name}={raw!r} must be at least {minimum}")
-    return value
-
-
-#: The spellings a yes/no setting takes (``gpuplane.settings.env_bool`` reads them here too).
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-def boolean(name: str, default: bool) -> bool:
-    """``name`` as true or false (``default`` when unset or empty)."""
-    raw = os.environ.get(name) or ""
-    value = raw.strip().lower()
-    if not value:
-        return default
-    if value in TRUE_WORDS:
-        return True
-    if value in FALSE_WORDS:
-        return False
-    raise ServingError(f"{name}={raw!r} is not a boolean (use true or false)")
-
-
 def existing_file(name: str) -> Path | None:
     """The file ``name`` names, None when unset; a path that is not a file is an error."""
     raw = os.environ.get(name, "")
@@ -68,7 +36,7 @@ def existing_file(name: str) -> Path | None:
         return None
     path = Path(raw)
     if not path.is_file():
-        raise ServingError(f"{name}={raw!r}: no such file")
+        raise SettingError(f"{name}={raw!r}: no such file")
     return path
 
 
@@ -81,10 +49,10 @@ def tls_files() -> tuple[Path, Path] | None:
     both or neither; None for plain HTTP, which cluster mode refuses."""
     named = [os.environ.get(name, "") for name in ("GPUPLANE_TLS_CERT_FILE", "GPUPLANE_TLS_KEY_FILE")]
     if any(named) and not all(named):
-        raise ServingError("set both GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE, or neither")
+        raise SettingError("set both GPUPLANE_TLS_CERT_FILE and GPUPLANE_TLS_KEY_FILE, or neither")
     cert, key = existing_file("GPUPLANE_TLS_CERT_FILE"), existing_file("GPUPLANE_TLS_KEY_FILE")
     if cert is None or key is None:
         if cluster_mode():
-            raise ServingError(CLUSTER_NEEDS_TLS)
+            raise SettingError(CLUSTER_NEEDS_TLS)
         return None
     return cert, key

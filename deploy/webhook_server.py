@@ -72,17 +72,10 @@ from typing import Any
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)  # the repository root: gpuplane.wsgi and deploy.serving
+    sys.path.insert(0, _ROOT)  # the repository root: deploy.serving and gpuplane
 
-from deploy.serving import (  # noqa: E402
-    TLS_PORT,
-    ServingError,
-    boolean,
-    cluster_mode,
-    existing_file,
-    positive_int,
-    tls_files,
-)
+from deploy.serving import TLS_PORT, cluster_mode, existing_file, tls_files  # noqa: E402
+from gpuplane.settings_parsers import SettingError, boolean, positive_int  # noqa: E402
 
 PLAIN_PORT = 8001
 log = logging.getLogger("gpuplane.webhook_server")
@@ -245,7 +238,7 @@ def _metrics_token() -> str:
         try:
             raw = Path(path).read_text()
         except OSError as exc:
-            raise ServingError(f"GPUPLANE_METRICS_TOKEN_FILE={path!r} cannot be read: {exc.strerror}") from None
+            raise SettingError(f"GPUPLANE_METRICS_TOKEN_FILE={path!r} cannot be read: {exc.strerror}") from None
     return raw.strip()
 
 
@@ -262,11 +255,11 @@ def serve_metrics(bind: str, app: Callable[..., Iterable[bytes]]) -> tuple[Any, 
 
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
-        raise ServingError(f"GPUPLANE_WEBHOOK_METRICS_BIND={bind!r} is not host:port")
+        raise SettingError(f"GPUPLANE_WEBHOOK_METRICS_BIND={bind!r} is not host:port")
     try:
         server = make_server(host, int(port), app, server_class=Threading, handler_class=Quiet)
     except OSError as exc:
-        raise ServingError(f"GPUPLANE_WEBHOOK_METRICS_BIND={bind!r}: {exc.strerror}") from None
+        raise SettingError(f"GPUPLANE_WEBHOOK_METRICS_BIND={bind!r}: {exc.strerror}") from None
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return server, thread
@@ -281,7 +274,7 @@ def metrics_directory(var: Path) -> Path:
 
 
 def options(served: ServedCertificate | None = None) -> dict[str, object]:
-    """Granian's keyword arguments from the environment (raises ServingError naming the variable);
+    """Granian's keyword arguments from the environment (raises SettingError naming the variable);
     with ``served``, the TLS files are its copies."""
     from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
@@ -294,13 +287,13 @@ def options(served: ServedCertificate | None = None) -> dict[str, object]:
         cert, key = served.copies["cert"], served.copies["key"]
         client_ca = served.copies.get("client_ca", client_ca)
     if auth == "client-cert" and (client_ca is None or cert is None):
-        raise ServingError(
+        raise SettingError(
             "GPUPLANE_WEBHOOK_AUTH=client-cert needs TLS and GPUPLANE_WEBHOOK_CLIENT_CA (the apiserver's CA)"
         )
     bind = os.environ.get("GPUPLANE_WEBHOOK_BIND") or (f"0.0.0.0:{TLS_PORT}" if cert else f"127.0.0.1:{PLAIN_PORT}")
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
-        raise ServingError(f"GPUPLANE_WEBHOOK_BIND={bind!r} is not host:port")
+        raise SettingError(f"GPUPLANE_WEBHOOK_BIND={bind!r} is not host:port")
     tls: dict[str, object] = {}
     if cert is not None:
         tls = {"ssl_cert": cert, "ssl_key": key, "ssl_protocol_min": SSLProtocols.tls12}
@@ -391,7 +384,7 @@ def main() -> None:
         every = positive_int("GPUPLANE_WEBHOOK_CERT_CHECK_SECONDS", 10)
         if metrics_bind:
             serve_metrics(metrics_bind, metrics_app(certificate))
-    except (ServingError, ssl.SSLError) as exc:
+    except (SettingError, ssl.SSLError) as exc:
         raise SystemExit(f"gpuplane: cannot start: {exc}") from None
     if certificate is not None:
         # Granian's own reload: new workers one by one (with the new copies), the old ones

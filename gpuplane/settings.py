@@ -15,25 +15,25 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from deploy import serving
+from gpuplane import settings_parsers
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUPLANE_VAR_DIR", BASE_DIR / "var"))
 
 
 def env_bool(name: str, default: bool) -> bool:
-    """``name`` as true or false, read as the servers read theirs (``deploy.serving``)."""
+    """``name`` as true or false, read as the servers read theirs (``gpuplane.settings_parsers``)."""
     try:
-        return serving.boolean(name, default)
-    except serving.ServingError as exc:
+        return settings_parsers.boolean(name, default)
+    except settings_parsers.SettingError as exc:
         raise ImproperlyConfigured(str(exc)) from None
 
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
     """``name`` as an integer of at least ``minimum``, read as the servers read theirs."""
     try:
-        return serving.positive_int(name, default, minimum)
-    except serving.ServingError as exc:
+        return settings_parsers.positive_int(name, default, minimum)
+    except settings_parsers.SettingError as exc:
         raise ImproperlyConfigured(str(exc)) from None
 
 

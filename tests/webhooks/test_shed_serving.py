@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from deploy.serving import ServingError
+from gpuplane.settings_parsers import SettingError
 from harness.factories import new_vmi, review
 from harness.shapes import H100, class_obj, gpu_obj, node_obj
 from harness.workers import PREFIX, REDIS_URL, ROOT, forget_keys, webhook_server
@@ -135,7 +135,7 @@ def test_the_pool_sizes_are_checked_before_the_server_starts(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     options = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")["options"]
-    with pytest.raises(ServingError) as raised:
+    with pytest.raises(SettingError) as raised:
         options()
     assert str(raised.value) == expected
 
@@ -163,5 +163,5 @@ def test_the_server_sheds_from_its_event_loop_only_when_asked(monkeypatch: pytes
     assert served["interface"] is Interfaces.RSGI and served["target"] == "deploy.webhook_server:webhook"
     assert "blocking_threads" not in served
     monkeypatch.setenv("GPUPLANE_WEBHOOK_SHED", "sometimes")
-    with pytest.raises(ServingError, match="GPUPLANE_WEBHOOK_SHED='sometimes' is not a boolean"):
+    with pytest.raises(SettingError, match="GPUPLANE_WEBHOOK_SHED='sometimes' is not a boolean"):
         options()

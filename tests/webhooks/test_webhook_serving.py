@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from django.core.management import call_command
 
-from deploy.serving import ServingError
+from gpuplane.settings_parsers import SettingError
 from harness.factories import new_vmi, review
 from harness.shapes import H100, class_obj, gpu_obj, node_obj
 from harness.workers import ROOT, webhook_server
@@ -376,5 +376,5 @@ def test_a_bad_access_log_setting_stops_the_server_naming_it(monkeypatch: pytest
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GPUPLANE_WEBHOOK_ACCESS_LOG", "sometimes")
     options = runpy.run_path(str(WEBHOOK_SERVER), run_name="webhook_server_under_test")["options"]
-    with pytest.raises(ServingError, match=r"GPUPLANE_WEBHOOK_ACCESS_LOG='sometimes' is not a boolean"):
+    with pytest.raises(SettingError, match=r"GPUPLANE_WEBHOOK_ACCESS_LOG='sometimes' is not a boolean"):
         options()

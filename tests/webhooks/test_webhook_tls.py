@@ -380,7 +380,8 @@ def test_both_servers_refuse_the_same_settings_with_the_same_words(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
 ) -> None:
     """The API's gunicorn and the webhook server check their TLS files and sizes with one
-    module (deploy/serving.py), so an operator reads one message for one mistake."""
+    module (deploy/serving.py, its sizes read by gpuplane/settings_parsers.py), so an operator
+    reads one message for one mistake."""
     (tmp_path / "tls.crt").write_text("x")
     env = {
         "cluster mode without TLS": {"GPUPLANE_CLUSTER": "kubernetes"},

@@ -325,6 +325,20 @@ class VmCluster:
     def gpus(self, namespace: str) -> dict[str, dict[str, Any]]:
         return {g["metadata"]["name"]: g for g in self.request("GET", GPUS.format(ns=namespace))["items"]}
 
+    def order(self, namespace: str, vm: str, count: int, class_name: str = "h100") -> list[str]:
+        """``count`` GPUs of ``class_name`` for ``vm`` (``<vm>-gpu<i>``), created one by one as
+        their owner creates them; their names."""
+        names = [f"{vm}-gpu{i}" for i in range(count)]
+        for name in names:
+            self.request("POST", GPUS.format(ns=namespace), gpu_object(namespace, name, vm, class_name))
+        return names
+
+    def placement(self, namespace: str, names: list[str]) -> set[tuple[str, str]]:
+        """Each named GPU's (phase, node) as the API holds it."""
+        gpus = self.gpus(namespace)
+        return {((gpus[n].get("status") or {}).get("phase", ""), (gpus[n].get("status") or {}).get("node", ""))
+                for n in names}  # fmt: skip
+
     def describe(self, namespace: str) -> str:
         """What a test prints when a wait fails: the namespace's VMIs, pods and GPUs, briefly."""
         lines = []
@@ -440,6 +454,12 @@ def virtual_machine(namespace: str, name: str, devices: list[str], *, running: b
             "template": {"metadata": {"labels": {"kubevirt.io/vm": name}}, "spec": spec},
         },
     }
+
+
+def gpu_object(namespace: str, name: str, vm: str, class_name: str = "h100") -> dict[str, Any]:
+    """A GPU as its owner orders it: a class and the VM it belongs to."""
+    return {"apiVersion": "gpuplane.io/v1alpha1", "kind": "GPU", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"className": class_name, "vmName": vm}}  # fmt: skip
 
 
 def forged_launcher(namespace: str, name: str, vmi: str, vmi_uid: str, requests: dict[str, int]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from harness.cluster_mode import GPUS, seed_cluster
 from harness.controlplane import IDENTITIES, ControlPlane, kubevirt_dir
 from harness.factories import new_vmi, review
 from harness.shapes import gpu_obj, real
-from harness.webhook_calls import denied, post
+from harness.webhook_calls import allowed_patch, denied, post
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -197,6 +197,25 @@ def test_every_call_each_process_makes_is_granted_and_every_grant_is_used(
     run_pass("answer")
     annotations = apiserver.request("GET", f"{GPUS}/namespaces/t2/gpus/vm8-gpu0")["metadata"]["annotations"]
     assert "gpuplane.io/bind-request" in annotations
+    # KubeVirt retries: the set is Bound now, so the webhook writes gpuplane.io/admitted on its
+    # first member before pinning. That write meets a 409 (another writer came first), so the
+    # webhook reads the GPU again and decides afresh; the second write lands.
+    as_identity(apiserver, "gpuplane-webhook")
+    stamps: list[str] = []
+
+    def first_admitted_write_conflicts(verb: str, kind: Any, ns: str, target: str) -> int | None:
+        if kind.plural == "gpus" and not target.endswith("/status") and verb == "patch":
+            stamps.append(target)
+            return 409 if len(stamps) == 1 else None
+        return None
+
+    apiserver.faults.decide = first_admitted_write_conflicts
+    pinned = allowed_patch(post(client, body), body)
+    apiserver.faults.decide = None
+    assert len(stamps) == 2, stamps
+    assert pinned["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+    annotations = apiserver.request("GET", f"{GPUS}/namespaces/t2/gpus/vm8-gpu0")["metadata"]["annotations"]
+    assert "gpuplane.io/admitted" in annotations
 
     # An operator deletes a class, a tenant a GPU; the sync notes both, the binder releases
     # their finalizers.

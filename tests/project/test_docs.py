@@ -29,9 +29,6 @@ LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 #: The longest table cell a page may have: past it, detail belongs in prose or a list under the table.
 MAX_CELL = 300
-#: Pages exempt from MAX_CELL for now: being rewritten elsewhere; each leaves this set once its
-#: tables keep to the limit.
-LONG_CELLS_NOT_YET_REWRITTEN = frozenset({"docs/testing.md", "docs/architecture.md", "docs/benchmarks.md"})
 TABLE_PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 
 
@@ -179,9 +176,6 @@ def test_every_bench_flag_shown_is_an_option_of_its_script(page: Path) -> None:
 
 @pytest.mark.parametrize("page", TABLE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_table_cell_is_longer_than_a_reader_skims(page: Path) -> None:
-    name = str(page.relative_to(ROOT))
-    if name in LONG_CELLS_NOT_YET_REWRITTEN:
-        pytest.skip(f"{name} is in LONG_CELLS_NOT_YET_REWRITTEN")
     assert long_cells(page.read_text()) == [], f"cells over {MAX_CELL} characters: move detail under the table"
 
 

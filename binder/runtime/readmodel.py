@@ -20,6 +20,15 @@ away) serves no one: each waiting call then tries its own.
 truncate or a renamed namespace reads everything again. A follow that raised part way
 drops the model, so the next call rebuilds rather than trust a half-applied change.
 
+**The admission stamp.** A Bound VMI's admission writes ``admitted`` on its set's first
+member (``binder.runtime.admissions``): one device row change per call, in the namespace the
+call decides about. Dropping that namespace's slice for it made the next call rebuild the slice
+and the webhook's device index (``webhooks.binding.mirror_view``) on nearly every call. No web
+decision reads the stamp (it is the binder's input: the move grace), so a slice holds its
+devices without it (:func:`unstamped`) and a change of the stamp alone leaves the slice as it
+is, which is then still exact. The model's records keep the stamp as the database has it
+(verification compares them, and snapshots give them to the engine).
+
 **Pruning.** The binder deletes feed entries every live reader has applied; readers are
 the rows of ``FeedReader``. The model keeps one row per process (``readmodel:<host>:<pid>:…``),
 written when built and then at most every :data:`READER_EVERY_SECONDS` (never once per
@@ -48,6 +57,7 @@ import dataclasses
 import gc
 import logging
 import math
+import operator
 import os
 import socket
 import threading
@@ -86,6 +96,7 @@ class Slice:
 
     namespace: str
     devices: tuple[e.Device, ...]
+    """The namespace's devices by name, without the admission stamp (:func:`unstamped`)."""
     budgets: tuple[e.Budget, ...]
     pods: tuple[e.Pod, ...]
     vmis: tuple[e.Vmi, ...]
@@ -162,10 +173,13 @@ class ReadModel(MirrorState):
                 continue
             if old is not None:
                 self._by_namespace[old.namespace][kind].pop(object_id, None)
-                self._slices.pop(old.namespace, None)
             if new is not None:
                 self._by_namespace[new.namespace][kind][object_id] = new
-                self._slices.pop(new.namespace, None)
+            if kind == "GPU" and stamp_only(old, new):
+                continue  # the slice holds the device without its stamp: it is the same
+            for record in (old, new):
+                if record is not None:
+                    self._slices.pop(record.namespace, None)
 
     def _changed(self, kind: str, keys: Iterable[SetKey] = ()) -> None:
         super()._changed(kind, keys)
@@ -298,7 +312,8 @@ class ReadModel(MirrorState):
         A slice already made is returned without the lock: a follow holds the lock while it
         reads rows from the database, and every call deciding meanwhile would wait for it.
         A kept slice is at least as fresh as the caller's own follow: that follow dropped
-        every slice whose records it changed before it finished, and a follow running now
+        every slice whose records it changed before it finished (a change of the admission
+        stamp alone changes no slice: :func:`unstamped`), and a follow running now
         (which may not have dropped it yet) began after it. Slices are immutable; reading
         one dict entry is atomic."""
         found = self._slices.get(namespace) if self.valid else None
@@ -309,7 +324,7 @@ class ReadModel(MirrorState):
             if found is not None:
                 return found
             by_kind = self._by_namespace.get(namespace) or {}
-            devices = tuple(sorted(by_kind.get("GPU", {}).values(), key=lambda d: d.name))
+            devices = tuple(sorted(map(unstamped, by_kind.get("GPU", {}).values()), key=lambda d: d.name))
             nodes_by_name, _ = self.node_cache.index(self._tuple("Node"))
             on = sorted({d.node for d in devices if d.node})
             found = Slice(
@@ -368,6 +383,30 @@ class Snapshot:
     """(namespace, name) of each device -> its row id."""
     ledger: Ledger
     generation: int
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(e.Device))
+_STAMP_AT = _FIELDS.index("admitted")
+#: Every field of a device record but the admission stamp, in order, read at once (in C): a
+#: follow compares each device it re-reads this way (after Bound admissions most of them are
+#: stamps), 1 µs a pair, and :func:`unstamped` copies a record in 2; ``dataclasses.replace``
+#: took 13 µs a record.
+_BUT_STAMP = operator.attrgetter(*_FIELDS[:_STAMP_AT], *_FIELDS[_STAMP_AT + 1 :])
+
+
+def unstamped(device: e.Device) -> e.Device:
+    """``device`` as a slice holds it: without the admission stamp (``admitted``), which only
+    the binder reads, so that a stamp-only change leaves the slice exact."""
+    if device.admitted is None:
+        return device
+    values: tuple[Any, ...] = _BUT_STAMP(device)
+    fields = (*values[:_STAMP_AT], None, *values[_STAMP_AT:])
+    return e.Device(*fields)
+
+
+def stamp_only(old: e.Device | None, new: e.Device | None) -> bool:
+    """Whether ``old`` became ``new`` by a change of the admission stamp alone."""
+    return old is not None and new is not None and old.admitted != new.admitted and _BUT_STAMP(old) == _BUT_STAMP(new)
 
 
 def _settle_garbage_collector() -> None:

@@ -1,9 +1,10 @@
 """The web processes' read model of the mirror (``binder.runtime.readmodel``).
 
 - Property-based: after any sequence of mirror changes (inserts, updates, deletes of
-  every kind, a namespace renamed, the feed reset, and on PostgreSQL late commits from a
-  second connection), the model brought current equals a read from scratch, record for
-  record and namespace slice for namespace slice.
+  every kind, admission stamps, a namespace renamed, the feed reset, and on PostgreSQL late
+  commits from a second connection), the model brought current equals a read from scratch,
+  record for record and namespace slice for namespace slice (a slice kept across a stamp
+  included).
 - Freshness per call: a device bound, unbound or deleted on another connection just
   before a webhook call is seen by that call (PostgreSQL, two connections).
 - Single flight: a call waits for a follow that began after it arrived.
@@ -97,6 +98,11 @@ class MirrorChanges(RuleBasedStateMachine):
     @rule(name=st.sampled_from(DEVICES), node=st.sampled_from(NODES))
     def move_device(self, name: str, node: str) -> None:
         models.GpuDevice.objects.filter(name=name).update(phase="Bound", node=node)
+
+    @rule(name=st.sampled_from(DEVICES))
+    def stamp_device(self, name: str) -> None:
+        """The webhook's admission stamp: a change of the records that changes no slice."""
+        models.GpuDevice.objects.filter(name=name).update(admitted=timezone.now())
 
     @rule(name=st.sampled_from(NODES), units=st.integers(0, 8), label=st.sampled_from(["a", "b"]))
     def put_node(self, name: str, units: int, label: str) -> None:

@@ -37,9 +37,9 @@ from binder.runtime import admissions, readmodel
 from binder.runtime.readmodel import ReadModel
 from binder.runtime.state import ClusterState
 from binder.runtime.verify import compare_records
-from tests.support.factories import new_vmi, review
-from tests.support.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
-from tests.support.webhook_calls import allowed_patch, post
+from harness.factories import new_vmi, review
+from harness.shapes import H100, class_obj, gpu_obj, namespace_obj, node_obj
+from harness.webhook_calls import allowed_patch, post
 from webhooks import binding
 
 HOSTNAME = "kubernetes.io/hostname"

@@ -1,15 +1,23 @@
-"""Bind and wait: the webhook's on-demand bind and its reads of the mirror.
+"""Bind and wait, and pin: the webhook's writes and its reads of the mirror.
+
+When the set is Bound the webhook pins the VMI to it, but first writes
+``gpuplane.io/admitted`` on the set's first member, conditioned on the record it decided from
+(:func:`pin`; both ends of that protocol are in ``binder.runtime.admissions``): a pass moving the
+set at the same moment then fails, or the webhook's write does and it decides afresh.
 
 When the set is not placed yet the webhook asks the binder:
 
-1. write a new bind request id on every device of the set (one transaction, only the
-   ``bind_request`` columns, which belong to the webhook) and queue an answer pass at
-   commit (``binder.queue.queue_answer_pass``; in the embedded default it runs in
-   process at commit, so the answer is already there when the commit returns);
+1. write a new bind request id on every device of the set (standalone: one statement, only
+   the ``bind_request`` columns, which belong to the webhook; cluster mode: the
+   ``gpuplane.io/bind-request`` annotation on each GPU through the API server,
+   :func:`annotate_in_cluster`, mirrored at once) and queue an answer pass at commit
+   (``binder.queue.queue_answer_pass``; in the embedded default it runs in process at
+   commit, so the answer is already there when the commit returns);
 2. wait up to ``GPUPLANE_BIND_WAIT_SECONDS`` until every device's ``answered_request``
    is that id. The database is the truth; on PostgreSQL the process's ``LISTEN``
    connection (``binder.runtime.answers``) says when to look again (a wait costs no
-   query while nothing happens); elsewhere it polls every 50 ms.
+   query while nothing happens); elsewhere it polls every 50 ms. The answer is then
+   pinned as above.
 
 Database failures (a dropped connection, a restart) end in a clear denial the caller
 can retry; every denial's wording is in ``webhooks.admission``.

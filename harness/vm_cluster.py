@@ -606,6 +606,20 @@ class Gpuplane:
 
             run_pass("full")
 
+    def until(self, condition: Callable[[], bool], what: str, timeout: float,
+              detail: Callable[[], str] | None = None) -> None:  # fmt: skip
+        """Until ``condition()`` holds, running the periodic full pass a deployment runs
+        (:meth:`resync`) at most once a second while waiting."""
+        last = [0.0]
+
+        def resynced() -> bool:
+            if time.monotonic() - last[0] > 1:
+                last[0] = time.monotonic()
+                self.resync()
+            return bool(condition())
+
+        wait_for(resynced, timeout, what, detail=detail)
+
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

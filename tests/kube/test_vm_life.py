@@ -40,20 +40,6 @@ from harness.vm_cluster import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-GPUS = "/apis/gpuplane.io/v1alpha1/namespaces/{ns}/gpus"
-
-
-def gpu(namespace: str, name: str, vm: str, class_name: str = "h100") -> dict[str, Any]:
-    return {"apiVersion": "gpuplane.io/v1alpha1", "kind": "GPU", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"className": class_name, "vmName": vm}}  # fmt: skip
-
-
-def order(cluster: VmCluster, namespace: str, vm: str, count: int, class_name: str = "h100") -> list[str]:
-    """``count`` GPUs of ``class_name`` for ``vm``, ordered as the tenant orders them."""
-    names = [f"{vm}-gpu{i}" for i in range(count)]
-    for name in names:
-        cluster.request("POST", GPUS.format(ns=namespace), gpu(namespace, name, vm, class_name))
-    return names
 
 
 def two_nodes(cluster: VmCluster) -> None:
@@ -89,25 +75,10 @@ def usage(namespace: str, key: str) -> int:
     return 0
 
 
-def placement(cluster: VmCluster, namespace: str, names: list[str]) -> set[tuple[str, str]]:
-    """Each named GPU's (phase, node) as the API holds it."""
-    gpus = cluster.gpus(namespace)
-    return {((gpus[n].get("status") or {}).get("phase", ""), (gpus[n].get("status") or {}).get("node", ""))
-            for n in names}  # fmt: skip
-
-
 def mirrored(condition: Any, what: str, cluster: VmCluster, gpuplane: Gpuplane, timeout: float = 30) -> None:
     """Until ``condition()`` holds, with the periodic resync a deployment runs (``Gpuplane.resync``)."""
-    last = [0.0]
-
-    def resynced() -> bool:
-        if time.monotonic() - last[0] > 1:
-            last[0] = time.monotonic()
-            gpuplane.resync()
-        return bool(condition())
-
-    wait_for(resynced, timeout, what, detail=lambda: cluster.describe("t1") + "\n--- sync log ---\n"
-             + gpuplane.log("sync")[-3000:])  # fmt: skip
+    gpuplane.until(condition, what, timeout, detail=lambda: cluster.describe("t1") + "\n--- sync log ---\n"
+                   + gpuplane.log("sync")[-3000:])  # fmt: skip
 
 
 def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmCluster, gpuplane: Gpuplane) -> None:
@@ -116,13 +87,13 @@ def test_a_vm_starts_pinned_and_its_launcher_is_counted_once(vm_cluster: VmClust
     places it on the pinned node → kwok runs it → virt-controller lists it in activePods →
     gpuplane counts its units once: node booking, tenant usage and usage records."""
     two_nodes(vm_cluster)
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
     launcher = vm_cluster.running_launcher("t1", "vm1")
 
     vmi = vm_cluster.vmi("t1", "vm1")
     assert vmi is not None
-    ((phase, node),) = placement(vm_cluster, "t1", devices)
+    ((phase, node),) = vm_cluster.placement("t1", devices)
     assert phase == "Bound"
     # The webhook pinned the VMI by the node's own hostname label; KubeVirt carried the pin to the pod.
     expected_hostname = "hgx-01" if node == "n1" else node
@@ -159,13 +130,13 @@ def test_the_pin_survives_kubevirts_live_update_of_the_vmi(vm_cluster: VmCluster
     two_nodes(vm_cluster)
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     vm_cluster.request("PATCH", "/apis/gpuplane.io/v1alpha1/gpuclasses/h100", {"spec": {"tolerations": [toleration]}})
-    devices = order(vm_cluster, "t1", "vm1", 1)
+    devices = vm_cluster.order("t1", "vm1", 1)
     vm_cluster.vm("t1", "vm1", devices)
     vm_cluster.running_launcher("t1", "vm1")
     # A change to the VM that the VM controller syncs onto the running VMI (its labels trigger a sync).
     vm_cluster.request("PATCH", "/apis/kubevirt.io/v1/namespaces/t1/virtualmachines/vm1",
                        {"metadata": {"labels": {"touched": "1"}}}, identity=TENANT_USER)  # fmt: skip
-    ((_, node),) = placement(vm_cluster, "t1", devices)
+    ((_, node),) = vm_cluster.placement("t1", devices)
     hostname = "hgx-01" if node == "n1" else node
     for _ in range(20):
         vmi = vm_cluster.vmi("t1", "vm1")
@@ -181,7 +152,7 @@ def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
     """Stop: virt-controller deletes the VMI and its launcher; the set stays Bound (the devices are
     kept across a stop) and the usage records stay open; the restart lands on the same node."""
     two_nodes(vm_cluster)
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
     first = vm_cluster.running_launcher("t1", "vm1")
     node = first["spec"]["nodeName"]
@@ -192,7 +163,7 @@ def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
     mirrored(lambda: not models.VirtualMachineInstance.objects.filter(name="vm1").exists()
              and not models.Pod.objects.filter(uid=first["metadata"]["uid"]).exists(),
              "the mirror to drop the VMI and its launcher", vm_cluster, gpuplane)  # fmt: skip
-    assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
+    assert vm_cluster.placement("t1", devices) == {("Bound", node)}
     assert booked(node) == 2
     # Records are written by full passes: an answer pass may have bound the second GPU after the
     # last one, so wait for the next. The stop closes none of them.
@@ -204,7 +175,7 @@ def test_a_stopped_vm_keeps_its_devices_and_restarts_on_the_same_node(
     second = vm_cluster.running_launcher("t1", "vm1")
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     assert second["spec"]["nodeName"] == node
-    assert placement(vm_cluster, "t1", devices) == {("Bound", node)}
+    assert vm_cluster.placement("t1", devices) == {("Bound", node)}
 
 
 def test_usage_records_read_the_launchers_vmi_fresh_not_from_a_lagging_mirror(vm_cluster: VmCluster) -> None:
@@ -213,10 +184,10 @@ def test_usage_records_read_the_launchers_vmi_fresh_not_from_a_lagging_mirror(vm
     the mirror: the launcher is recognised, and no raw record opens for GPUs its set already
     holds. gpuplane runs in this process here, so the test decides which kind the sync follows."""
     two_nodes(vm_cluster)
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     sync.sync_once()
     run_pass("full")
-    ((phase, node),) = placement(vm_cluster, "t1", devices)
+    ((phase, node),) = vm_cluster.placement("t1", devices)
     assert phase == "Bound"
     # The VM as the webhook leaves it (no webhook in this test): pinned, its devices by raw name.
     hostname = "hgx-01" if node == "n1" else node
@@ -252,7 +223,7 @@ def test_a_tenants_forged_launcher_is_refused_by_the_launcher_policy(vm_cluster:
     beside the real launcher: the pod would hide its GPUs behind the VM. With the policy the
     tenant's create is refused with a message saying why, and KubeVirt's launchers still start."""
     two_nodes(vm_cluster)
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
     launcher = vm_cluster.running_launcher("t1", "vm1")
     node = launcher["spec"]["nodeName"]
@@ -312,7 +283,7 @@ def test_a_pod_naming_the_vmis_uid_under_another_kind_counts_as_raw(vm_cluster: 
     activePods. gpuplane takes only a VirtualMachineInstance controller reference as the hint of
     which VMI to look up, so the pod's GPUs count as raw usage in full."""
     two_nodes(vm_cluster)
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
     launcher = vm_cluster.running_launcher("t1", "vm1")
     node = launcher["spec"]["nodeName"]
@@ -348,7 +319,7 @@ def stopped_vm(cluster: VmCluster) -> tuple[list[str], dict[str, Any], str, str]
     first launcher, the node its set is kept on and the other node."""
     two_nodes(cluster)
     cluster.tenant_namespace("t2")
-    devices = order(cluster, "t1", "vm1", 2)
+    devices = cluster.order("t1", "vm1", 2)
     cluster.vm("t1", "vm1", devices)
     first = cluster.running_launcher("t1", "vm1")
     node = first["spec"]["nodeName"]
@@ -373,7 +344,7 @@ def test_a_raw_pod_on_a_stopped_vms_units_moves_its_set_before_the_vm_starts_aga
     wait_for(lambda: vm_cluster.request("GET", pod_path("t2", "trainer"))["status"].get("phase") == "Running", 60,
              "kube-scheduler and kwok to run the raw pod on the stopped VM's units")  # fmt: skip
     assert vm_cluster.request("GET", pod_path("t2", "trainer"))["spec"]["nodeName"] == node
-    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Bound", other)},
+    mirrored(lambda: vm_cluster.placement("t1", devices) == {("Bound", other)},
              "the stopped VM's set moved off the over-booked node", vm_cluster, gpuplane)  # fmt: skip
     reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
     assert f"node {node} is over-booked" in reason, reason
@@ -401,7 +372,7 @@ def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_
                            identity=TENANT_USER)  # fmt: skip
         wait_for(lambda n=name: vm_cluster.request("GET", pod_path("t2", n))["status"].get("phase") == "Running", 60,
                  f"the raw pod {name} running")  # fmt: skip
-    mirrored(lambda: placement(vm_cluster, "t1", devices) == {("Lost", "")}, "the set Lost", vm_cluster, gpuplane)
+    mirrored(lambda: vm_cluster.placement("t1", devices) == {("Lost", "")}, "the set Lost", vm_cluster, gpuplane)
     reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
     assert "no other node has room for the set" in reason, reason
     staff = Client()
@@ -421,7 +392,7 @@ def test_a_restart_with_no_room_left_is_refused_saying_why_and_starts_once_room_
     vm_cluster.request("DELETE", pod_path("t2", "filler") + "?gracePeriodSeconds=0")
     second = vm_cluster.running_launcher("t1", "vm1", timeout=120)
     assert second["spec"]["nodeName"] == other
-    assert placement(vm_cluster, "t1", devices) == {("Bound", other)}
+    assert vm_cluster.placement("t1", devices) == {("Bound", other)}
 
 
 def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
@@ -436,7 +407,7 @@ def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
     two_nodes(vm_cluster)
     vm_cluster.add_node("n3", {H100: 8})
     vm_cluster.wait_nodes_ready("n3")  # three nodes: one NotReady of three is no zone-wide outage
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices)
     first = vm_cluster.running_launcher("t1", "vm1")
     lost_node = first["spec"]["nodeName"]
@@ -452,10 +423,10 @@ def test_node_loss_moves_the_set_and_the_restarted_vm_is_pinned_to_the_new_node(
              60, "the taint to evict the launcher", detail=lambda: vm_cluster.describe("t1"))  # fmt: skip
 
     def moved() -> bool:
-        return {node for phase, node in placement(vm_cluster, "t1", devices) if phase == "Bound"} - {lost_node} != set()
+        return {node for phase, node in vm_cluster.placement("t1", devices) if phase == "Bound"} - {lost_node} != set()
 
     mirrored(moved, "a full pass to move the set off the NotReady node", vm_cluster, gpuplane, timeout=90)
-    ((_, new_node),) = placement(vm_cluster, "t1", devices)
+    ((_, new_node),) = vm_cluster.placement("t1", devices)
     reason = vm_cluster.gpus("t1")[devices[0]]["status"]["reason"]
     assert f"node {lost_node} has been NotReady since" in reason, reason
 
@@ -480,13 +451,13 @@ def test_a_vm_starting_while_a_pass_moves_its_set_is_never_left_pinned_where_the
     the raw pod's units; never a VMI pinned to a node its set has left."""
     two_nodes(vm_cluster)
     vm_cluster.tenant_namespace("t2")
-    devices = order(vm_cluster, "t1", "vm1", 2)
+    devices = vm_cluster.order("t1", "vm1", 2)
     vm_cluster.vm("t1", "vm1", devices, running=False)
-    mirrored(lambda: {p for p, _ in placement(vm_cluster, "t1", devices)} == {"Bound"}, "the set bound",
+    mirrored(lambda: {p for p, _ in vm_cluster.placement("t1", devices)} == {"Bound"}, "the set bound",
              vm_cluster, gpuplane)  # fmt: skip
     outcomes: Counter[str] = Counter()
     for run in range(RACE_RUNS):
-        ((_, node),) = placement(vm_cluster, "t1", devices)
+        ((_, node),) = vm_cluster.placement("t1", devices)
         hostname = "hgx-01" if node == "n1" else node
         raw = raw_pod("t2", f"grab-{run}", {H100: 8}, {"kubernetes.io/hostname": hostname})
         starter = threading.Thread(target=vm_cluster.set_running, args=("t1", "vm1", True))
@@ -496,7 +467,7 @@ def test_a_vm_starting_while_a_pass_moves_its_set_is_never_left_pinned_where_the
 
         def settled() -> bool:
             vmi = vm_cluster.vmi("t1", "vm1")
-            spots = placement(vm_cluster, "t1", devices)
+            spots = vm_cluster.placement("t1", devices)
             return vmi is not None and len(spots) == 1 and bool(vmi["metadata"].get("annotations", {}).get(
                 "gpuplane.io/pinned"))  # fmt: skip
 
@@ -505,7 +476,7 @@ def test_a_vm_starting_while_a_pass_moves_its_set_is_never_left_pinned_where_the
         vmi = vm_cluster.vmi("t1", "vm1")
         assert vmi is not None
         pinned = vmi["metadata"]["annotations"]["gpuplane.io/pinned"]
-        assert placement(vm_cluster, "t1", devices) == {("Bound", pinned)}, (run, vm_cluster.describe("t1"))
+        assert vm_cluster.placement("t1", devices) == {("Bound", pinned)}, (run, vm_cluster.describe("t1"))
         outcomes["moved first" if pinned != node else "admitted first"] += 1
         # Back to a stopped VM, the raw pod gone.
         vm_cluster.set_running("t1", "vm1", False)
@@ -534,7 +505,7 @@ def test_a_borrowed_set_marked_for_reclaim_is_released_only_once_its_vm_has_stop
         vm_cluster.request("POST", f"/apis/gpuplane.io/v1alpha1/namespaces/{tenant}/gpubudgets", budget)
     vm_cluster.wait_nodes_ready("n1")
     mirrored(lambda: models.GpuBudget.objects.count() == 2, "the budgets mirrored", vm_cluster, gpuplane)
-    borrower = order(vm_cluster, "t1", "vm1", 1, "h100x4")
+    borrower = vm_cluster.order("t1", "vm1", 1, "h100x4")
     vm_cluster.vm("t1", "vm1", borrower)
     launcher = vm_cluster.running_launcher("t1", "vm1")
     assert launcher["spec"]["nodeName"] == "n1"
@@ -542,18 +513,18 @@ def test_a_borrowed_set_marked_for_reclaim_is_released_only_once_its_vm_has_stop
         ("Bound", True)
     }
 
-    waiter = order(vm_cluster, "t2", "vm2", 1, "h100x4")
+    waiter = vm_cluster.order("t2", "vm2", 1, "h100x4")
 
     def marked() -> bool:
         return all((g.get("status") or {}).get("reclaimFor") == "t2/vm2" for g in vm_cluster.gpus("t1").values())
 
     mirrored(marked, "the borrowed set marked for t2/vm2", vm_cluster, gpuplane)
     time.sleep(2)  # more passes: the VM runs, so the mark never becomes a release
-    assert placement(vm_cluster, "t1", borrower) == {("Bound", "n1")}
-    assert placement(vm_cluster, "t2", waiter) == {("Pending", "")}
+    assert vm_cluster.placement("t1", borrower) == {("Bound", "n1")}
+    assert vm_cluster.placement("t2", waiter) == {("Pending", "")}
 
     vm_cluster.set_running("t1", "vm1", False)
-    mirrored(lambda: placement(vm_cluster, "t2", waiter) == {("Bound", "n1")}, "t2's order placed", vm_cluster,
+    mirrored(lambda: vm_cluster.placement("t2", waiter) == {("Bound", "n1")}, "t2's order placed", vm_cluster,
              gpuplane, timeout=60)  # fmt: skip
     # Released only once the VM stopped: its launcher no longer runs (its VMI may still be finishing
     # its deletion, as virt-controller removes its finalizer once the pod is gone).

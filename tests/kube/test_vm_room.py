@@ -87,15 +87,7 @@ def settle(condition: Callable[[], bool], what: str, cluster: VmCluster, gpuplan
            timeout: float = 90) -> None:  # fmt: skip
     """Until ``condition()`` holds, with the periodic full pass a deployment runs
     (``Gpuplane.resync``: on SQLite this process runs it)."""
-    last = [0.0]
-
-    def resynced() -> bool:
-        if time.monotonic() - last[0] > 1:
-            last[0] = time.monotonic()
-            gpuplane.resync()
-        return bool(condition())
-
-    wait_for(resynced, timeout, what, detail=lambda: describe(cluster, gpuplane))
+    gpuplane.until(condition, what, timeout, detail=lambda: describe(cluster, gpuplane))
 
 
 def describe(cluster: VmCluster, gpuplane: Gpuplane) -> str:

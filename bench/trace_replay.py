@@ -58,7 +58,7 @@ from pathlib import Path
 from binder.engine import Budget, Cluster, Device, GpuClass, Node, Phase, Pod, Settings, Vmi, full_pass, ledger_for
 from binder.engine.accounting import Ledger
 from binder.engine.fit import NodeCache
-from binder.engine.making_room import MADE_ROOM
+from binder.engine.making_room import MADE_ROOM, ROOM_REFUSED
 from binder.engine.types import VirtualMachine
 
 NAMESPACE = "trace"
@@ -563,9 +563,10 @@ class TimedReplay:
         self.booked_seconds = 0.0
         self.running_seconds = 0.0
         #: Measured time: sets moved to make room, by the size of the set they made room for;
-        #: orders placed.
+        #: plans the per-pass limit refused; orders placed.
         self.moves = 0
         self.moves_for: Counter[int] = Counter()
+        self.plans_refused = 0
         self.placed_in_window = 0
         #: Running VMs whose set a pass moved, released or sent to Lost: must stay empty.
         self.running_moved: set[tuple[str, str]] = set()
@@ -648,6 +649,7 @@ class TimedReplay:
                 self.running_moved.add(key)
         if self.measuring(now):
             self.moves += result.counts.get(MADE_ROOM, 0)
+            self.plans_refused += result.counts.get(ROOM_REFUSED, 0)
             for waiting, sets in result.room_plans.items():
                 self.moves_for[self.orders[waiting].task.gpus] += len(sets)
         for key in scope:
@@ -728,6 +730,8 @@ class TimedReplay:
             moves=self.moves,
             moves_per_placed=round(self.moves / self.placed_in_window, 4) if self.placed_in_window else 0.0,
             moves_for={str(size): n for size, n in sorted(self.moves_for.items())},
+            plans_refused=self.plans_refused,
+            waiting_at_end=len(self.pending),
             running_moved=len(self.running_moved),
             passes=self.passes,
             engine_s=round(self.engine_s, 2),

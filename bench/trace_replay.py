@@ -765,27 +765,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     timed.add_argument(
         "--time", action="store_true", help="run the timed replay instead of the placement replay (not with --lending)"
     )
-    timed.add_argument("--kept", default="0.5,1.0", help="comma-separated shares of ended VMs whose sets are kept")
     timed.add_argument(
-        "--keep-for", default="ran", help="how long an ended VM's set is kept: 'ran' (as long as it ran) or seconds"
+        "--kept",
+        default="0.5,1.0",
+        help="comma-separated shares of ended VMs whose sets are kept (default %(default)s)",
+    )
+    timed.add_argument(
+        "--keep-for",
+        default="ran",
+        help="how long an ended VM's set is kept: 'ran' (as long as it ran; the default) or seconds",
     )
     timed.add_argument(
         "--copies",
         type=int,
         default=5,
-        help="copies of the window back to back; the first warms up and the last cools down (not counted)",
+        help="copies of the window back to back; the first warms up and the last cools down, neither counted "
+        "(default %(default)s)",
     )
     timed.add_argument(
         "--node-sample",
         type=int,
         default=10,
         help="keep one node in N of each model and GPU count (the trace's tasks load a smaller cluster at a "
-        "slower speed-up, so VMs run, stop and end many times over)",
+        "slower speed-up, so VMs run, stop and end many times over; default %(default)s)",
     )
     timed.add_argument(
-        "--window-days", type=float, default=35.0, help="replay the tasks created in the trace's last N days"
+        "--window-days",
+        type=float,
+        default=35.0,
+        help="replay the tasks created in the trace's last N days (default %(default)s)",
     )
-    timed.add_argument("--pass-every", type=float, default=60.0, help="simulated seconds between full passes (at most)")
+    timed.add_argument(
+        "--pass-every",
+        type=float,
+        default=60.0,
+        help="simulated seconds between full passes, at most (default %(default)s)",
+    )
     timed.add_argument(
         "--limit", type=int, help="replay only N of the window's tasks, taken evenly (for trying it out)"
     )
@@ -793,10 +808,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--moves-per-pass",
         type=int,
         default=Settings().moves_per_pass,
-        help="GPUPLANE_MOVES_PER_PASS with making room on",
+        help="GPUPLANE_MOVES_PER_PASS with making room on (default %(default)s)",
     )
     timed.add_argument(
-        "--move-grace", type=int, default=Settings().move_grace_seconds, help="GPUPLANE_MOVE_GRACE_SECONDS"
+        "--move-grace",
+        type=int,
+        default=Settings().move_grace_seconds,
+        help="GPUPLANE_MOVE_GRACE_SECONDS (default %(default)s)",
     )
     args = parser.parse_args(argv)
     tokens = [x.strip() for x in args.demand.split(",") if x.strip()]

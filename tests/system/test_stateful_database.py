@@ -73,6 +73,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from binder import models
 from binder.engine.accounting import Ledger
+from binder.engine.fit import refuses_new
 from binder.engine.placement import answer_pass, full_pass
 from binder.engine.types import (
     Budget,
@@ -417,7 +418,14 @@ class DatabaseMachine(RuleBasedStateMachine):
         verdict = decide(body, view)
         members = [d for d in view.devices if d.vm_name == vm]
         node = whole_bound_node(members)
-        if node is not None and all(d.class_name in {c.name for c in view.classes} for d in members):
+        classes = {c.name: c for c in view.classes}
+        found = view.index().nodes.get(node) if node is not None else None
+        if node is not None and all(d.class_name in classes for d in members):
+            if found is not None and refuses_new(found, [classes[d.class_name] for d in members]) is not None:
+                # A node taking nothing new (NotReady past its grace, cordoned, ...) would not start the
+                # launcher: refused, saying so (the engine machine checks the rule itself).
+                assert verdict.action is Action.DENY and f"its GPUs are held on node {node}" in verdict.message
+                return
             assert verdict.action is Action.PATCH and verdict.node == node, verdict
             self.start_vmi(key, vmi, verdict)
         elif verdict.action is Action.BIND:

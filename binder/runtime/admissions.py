@@ -102,6 +102,8 @@ def placed_into_kept_room(
     is; and a set held back this way stays on its own node too, so the sets placed into the room
     it would have freed wait as well (to a fixpoint). ``written``: sets already written (cluster
     mode: their first member landed), which stay written, not held."""
+    if not stale:
+        return set()  # the common pass: nothing to index
     decided, ids = state.records["GPU"], state.device_ids
     arriving: dict[str, set[SetKey]] = {}
     for device in result.devices:
@@ -131,14 +133,15 @@ def waiting_on(
     :func:`held_back_by` and :func:`placed_into_kept_room`, each of which may hold back more for
     the other, to a fixpoint."""
     held: set[SetKey] = set()
-    while True:
+    while stale:
         staying = set(stale) | held
         more = (
             held_back_by(result, staying, later=later) | placed_into_kept_room(result, state, staying, written=written)
         ) - staying
         if not more:
-            return held
+            break
         held |= more
+    return held
 
 
 def without_sets(result: PassResult, sets: Collection[SetKey]) -> PassResult:

@@ -250,8 +250,10 @@ def reconcile_usage(
     stops at its own ``since``. ``recorded_until`` is the time of the previous pass that
     wrote records: every change before it has its records already, so an older ``since``
     was not set by a pass (a snapshot loaded with its own times) and dates nothing; without
-    it no ``since`` is trusted. See :func:`change_time`. Without ``now`` every time is
-    left to the caller.
+    it no ``since`` is trusted. Nor does a ``since`` date a record that replaces one of the
+    same phase and node (:func:`placed_elsewhere`): its placement did not change, so
+    what did (a class edited) happened at a time the pass does not know. See
+    :func:`change_time`. Without ``now`` every time is left to the caller.
     """
     wanted = Counter(current)
     closing: list[OpenRecord] = []
@@ -272,7 +274,9 @@ def reconcile_usage(
     for holding in opening:
         who = _who(holding)
         if who not in began:
-            began[who] = change_time(holding.since, [r.start for r in ended.get(who, ())], now, recorded_until)
+            replaced = ended.get(who, ())
+            since = holding.since if placed_elsewhere(replaced, holding) else None
+            began[who] = change_time(since, [r.start for r in replaced], now, recorded_until)
         start = began[who]
         # Usually the holding's own since (100k new orders open 250k records: replace()
         # rebuilds each through the dataclass machinery, a second and a half of them).
@@ -407,6 +411,20 @@ def change_time(
     ):
         return since
     return max([now, *(start for start in starts if start is not None)])
+
+
+def placed_elsewhere(replaced: Iterable[OpenRecord], holding: UsageHolding) -> bool:
+    """True unless a record ``holding`` replaces already has its subject in the same phase
+    on the same node: only a change of placement (phase or node), the one change that
+    sets a device's ``since``, can have made the new record at that ``since``.
+
+    The starts of those records do not tell it alone: a device deleted and created again
+    under the same name and bound back to the node its still-open record names gets a
+    fresh ``since`` while its record stays open (the same holding never churns). A class
+    edited under it later (its units, say) would then be dated back to that binding, hours
+    before the edit, billing the new units for the time the old ones were held.
+    """
+    return all((r.holding.phase, r.holding.node) != (holding.phase, holding.node) for r in replaced)
 
 
 def _since(h: UsageHolding, since: datetime | None) -> UsageHolding:

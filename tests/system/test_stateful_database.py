@@ -864,3 +864,28 @@ def test_database_machine_raw_pod_recorded_by_one_worker_then_its_namespace_dele
             ("full_pass_on_event", {"dt": 30}),  # worker 1 follows the feed: the pod's row is gone
         ],
     )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bound_by", ["full pass", "answer pass"])
+def test_database_machine_device_bound_back_then_its_class_edited(clock: Clock, bound_by: str) -> None:
+    """Seed 211871003203245138119602686894022728104's failure, shortened: team-b's a10
+    device is deleted and created again under its name, and bound back to node-1, where
+    its open record says it is (the record stays open, the device's ``since`` is the
+    binding). An hour later the a10 class goes to 2 units per device: the next full pass
+    must bill the new units from its own time, not from the binding an hour before."""
+    bind: list[tuple[str, dict[str, Any]]] = (
+        [("full_pass_on_event", {"dt": 30})]
+        if bound_by == "full pass"
+        else [("vmi_created", {"dt": 30, "s": 1}), ("answer_pass_for_webhook", {"dt": 30})]
+    )
+    run_steps(
+        DatabaseMachine(clock),
+        [
+            ("full_pass_on_event", {"dt": 30}),  # opens team-b vm-0's record on node-1
+            ("device_recreated", {"dt": 30, "s": 1, "m": 0, "c": 0, "vm": False}),
+            *bind,  # back on node-1: the same holding, its record stays open
+            ("class_changed", {"dt": 3600, "c": 0, "what": "units"}),  # a10: 1 -> 2 units per device
+            ("full_pass_on_event", {"dt": 30}),
+        ],
+    )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -110,6 +110,23 @@ def test_units_changed_under_a_standing_device_change_at_the_pass() -> None:
     assert plan.ends == (at(30),) and [h.since for h in plan.open] == [at(30)]
 
 
+@pytest.mark.parametrize("bound_at", [at(10), at(12)], ids=["by the last full pass", "by an answer pass since"])
+def test_a_device_bound_back_where_its_record_stands_dates_no_later_change(bound_at: datetime) -> None:
+    """A device deleted and created again under the same name, then bound back to the node
+    its record (open since 1 s) names: the holding is the same, so the record stays open,
+    but ``since`` is now the binding, younger than the record. Its class edited to 2 units
+    per device afterwards is no change of placement: it changes at the pass (30 s), not
+    back at the binding, which would bill the new units for the time the old ones were held."""
+    (before,) = held(device("g0", e.Phase.BOUND, "n1", at(1)))
+    (after,) = held(device("g0", e.Phase.BOUND, "n1", bound_at, class_name="a10"))
+    plan = reconcile_usage([OpenRecord(1, before, at(1))], [after], at(30), recorded_until=at(10))
+    assert plan.ends == (at(30),) and [h.since for h in plan.open] == [at(30)]
+    # Bound back to another node instead, it is a move: dated at the binding.
+    (moved,) = held(device("g0", e.Phase.BOUND, "n2", bound_at, class_name="a10"))
+    plan = reconcile_usage([OpenRecord(1, before, at(1))], [moved], at(30), recorded_until=at(10))
+    assert plan.ends == (bound_at,) and [h.since for h in plan.open] == [bound_at]
+
+
 def test_without_a_previous_pass_or_without_now_nothing_is_dated() -> None:
     """The first full pass (a snapshot's devices keep the times they were loaded with) opens at
     its own time; without ``now`` the caller dates everything (the plan carries no times)."""
@@ -175,6 +192,18 @@ STEP = st.one_of(
 
 @hypothesis_settings(max_examples=300, deadline=None)
 @given(st.lists(STEP, max_size=40))
+@example(
+    [
+        ("change", ("g0", "Bound:n1")),
+        ("full", None),
+        ("wait", 5),
+        ("change", ("g0", "gone")),
+        ("change", ("g0", "Bound:n1")),  # bound back where its record stands: the record stays
+        ("wait", 5),
+        ("change", ("g0", "class:a10")),
+        ("wait", 5),
+    ]
+)
 def test_records_are_continuous_per_subject_and_start_when_the_holding_began(steps: list[tuple[str, object]]) -> None:
     world = World()
     for kind, arg in steps:
@@ -227,9 +256,19 @@ def full_pass_and_check(world: World) -> None:
             if record.id < first_new:
                 continue
             began = world.changed_at.get(name)
-            ended = [r.start for r in history if r.id in closed_here]
+            replaced = [r for r in history if r.id in closed_here]
             assert record.start in (began, world.now)
-            if began is not None and previous is not None and previous <= began and all(s < began for s in ended):
+            if any((r.holding.phase, r.holding.node) == (record.holding.phase, record.holding.node) for r in replaced):
+                # Its record already had it there (a class edited under a standing device, or
+                # one bound back after it was deleted and created again): what changed is its
+                # class, at a time no ``since`` says.
+                assert record.start == world.now
+            elif (
+                began is not None
+                and previous is not None
+                and previous <= began
+                and all(r.start < began for r in replaced)
+            ):
                 # It became held (or moved) after the last full pass: billed from that moment.
                 assert record.start == began
 

@@ -295,6 +295,9 @@ class Tally:
     #: How long the apiserver took to serve each of gpuplane's own writes (audit log), by writer.
     served: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     webhook_seconds: float = 0.0
+    #: The same calls as the webhook server timed them, arrival to answer (its own metric).
+    served_calls: float = 0.0
+    served_seconds: float = 0.0
     writes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (writer, resource, verb)
     background: int = 0
     cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -353,6 +356,8 @@ class Bench:
         self.tallies: dict[tuple[str, int], Tally] = defaultdict(Tally)
         self.figures: dict[str, Any] = {"args": vars(args), "load": []}
         self.kept: dict[str, str] = {}  # A's VM -> the node its set is Bound on
+        self.metrics_token = secrets.token_hex(16)
+        self.metrics_url = ""
 
     def note(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -366,6 +371,7 @@ class Bench:
 
     def start(self) -> None:
         from harness import workers
+        from harness.ports import free_port
         from harness.shapes import class_obj
         from harness.vm_cluster import Gpuplane, VmCluster
 
@@ -401,7 +407,11 @@ class Bench:
             "GPUPLANE_FULL_PASS_AFTER_EVENT_SECONDS": "60",
             "GPUPLANE_FULL_PASS_AFTER_ANSWER_SECONDS": "60",
             "GPUPLANE_WATCH_SECONDS": "60",
+            # The webhook server's own /metrics: each call as it timed it, beside the apiserver's.
+            "GPUPLANE_WEBHOOK_METRICS_BIND": f"127.0.0.1:{free_port()}",
+            "GPUPLANE_METRICS_TOKEN": self.metrics_token,
         }
+        self.metrics_url = f"http://{settings['GPUPLANE_WEBHOOK_METRICS_BIND']}/metrics"
         self.gpuplane = Gpuplane(self.cluster, self.var, **settings)
         self.stack.callback(self.gpuplane.stop)
         self.gpuplane.start()
@@ -436,6 +446,28 @@ class Bench:
                 raise SystemExit(f"the sync mirrored {models.Node.objects.count()} of {nodes} nodes\n"
                                  + self.gpuplane.log("sync")[-3000:])  # fmt: skip
             time.sleep(0.5)
+
+    def served_seconds(self) -> tuple[float, float]:
+        """(calls, seconds) of the webhook server's decided calls since it started, as it timed
+        them itself from arrival to answer (``gpuplane_webhook_review_seconds``, every outcome)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        headers = {"Authorization": f"Bearer {self.metrics_token}"}
+        request = urllib.request.Request(self.metrics_url, headers=headers)  # noqa: S310 - loopback, http
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback, http
+            text = response.read().decode()
+        calls = seconds = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name != "gpuplane_webhook_review_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    calls += sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds += sample.value
+        return calls, seconds
 
     def exclude_from_webhook(self, namespace: str) -> None:
         """Leave ``namespace`` out of deploy/'s webhook registration: its VMIs never reach
@@ -550,6 +582,7 @@ class Bench:
         vms = self.vm_names(arm, count, round_, creators)
         results: dict[str, tuple[float, float, str, str]] = {}
         hooks_before = self.plane.webhook_seconds("vmi.gpuplane.io")
+        served_before = self.served_seconds()
         self.plane.mark_calls()
         offset = self.plane.audit_log.stat().st_size
         cpu_before = self.cpu.read()
@@ -568,9 +601,12 @@ class Bench:
             after - before
             for after, before in zip(self.plane.webhook_seconds("vmi.gpuplane.io"), hooks_before, strict=True)
         ]
+        served = [after - before for after, before in zip(self.served_seconds(), served_before, strict=True)]
         if arm != "C":
             self.check_nodes(arm, results, tally, timed)
         if timed:
+            tally.served_calls += served[0]
+            tally.served_seconds += served[1]
             tally.vmis += count
             tally.starts += [r[0] for r in results.values()]
             tally.admitted += [r[1] for r in results.values()]
@@ -709,18 +745,20 @@ class Bench:
         for creators in self.levels():
             without = self.tallies[("C", creators)]
             label = "1 creator" if creators == 1 else f"{creators} creators"
-            cells, admitted, hooks, verdicts = [], [], [], []
+            cells, admitted, hooks, own, verdicts = [], [], [], [], []
             for arm in ARMS:
                 t = self.tallies[(arm, creators)]
                 cells.append(f"{pct(t.starts, 50) * 1000:,.0f} / {pct(t.starts, 99) * 1000:,.0f} ms ({len(t.starts)})")
                 admitted.append(f"{pct(t.admitted, 50) * 1000:,.0f} / {pct(t.admitted, 99) * 1000:,.0f} ms")
                 hooks.append(f"{t.webhook_seconds / t.webhook_calls * 1000:,.1f} ms" if t.webhook_calls else "–")
+                own.append(f"{t.served_seconds / t.served_calls * 1000:,.1f} ms" if t.served_calls else "–")
                 result = results[f"{arm}, {label}"] = {
                     "starts_s": t.starts, "create_call_s": t.admitted, "p50_s": pct(t.starts, 50),
                     "p99_s": pct(t.starts, 99), "wrong_node": t.wrong_node, "placed_by_full_pass": t.placed_by_pass,
                     "writes": {" ".join(k): v for k, v in sorted(t.writes.items())},
                     "background_writes": t.background, "cpu_s": dict(t.cpu), "window_s": t.windows, "vmis": t.vmis,
                     "webhook_calls": t.webhook_calls, "webhook_s": t.webhook_seconds, "gpuplane_writes_s": t.served,
+                    "webhook_server_calls": t.served_calls, "webhook_server_s": t.served_seconds,
                 }  # fmt: skip
                 if arm != "C":
                     ratio = pct(t.starts, 99) / pct(without.starts, 99)
@@ -730,6 +768,7 @@ class Bench:
             rows.append((f"p99 ÷ without gpuplane, {label}", ["", "", ""], "≤ 1.2: " + "; ".join(verdicts)))
             rows.append((f"the create call alone (admission), {label}: p50 / p99", admitted, ""))
             rows.append((f"gpuplane's webhook call as the apiserver timed it (its metric), {label}: mean", hooks, ""))
+            rows.append((f"... as the webhook server timed it, arrival to answer (its metric), {label}: mean", own, ""))
             for who in ("gpuplane-webhook", "gpuplane-binder"):
                 cells = []
                 for arm in ARMS:

@@ -1,9 +1,10 @@
 """Bind and wait, and pin: the webhook's writes and its reads of the mirror.
 
-When the set is Bound the webhook pins the VMI to it, but first writes
-``gpuplane.io/admitted`` on the set's first member, conditioned on the record it decided from
-(:func:`pin`; both ends of that protocol are in ``binder.runtime.admissions``): a pass moving the
-set at the same moment then fails, or the webhook's write does and it decides afresh.
+When the set is Bound the webhook pins the VMI to it, but first stamps the set's first member
+admitted (its row, in both modes), conditioned on the placement it decided from (:func:`pin`;
+both ends of that protocol are in ``binder.runtime.admissions``): a pass moving the set at the
+same moment then leaves it where it is, or the webhook's stamp matches nothing and it decides
+afresh.
 
 When the set is not placed yet the webhook asks the binder:
 
@@ -163,11 +164,11 @@ PIN_TRIES = 3
 
 
 def pin(review: Review, view: MirrorView, verdict: Verdict) -> Verdict:
-    """Before allowing a VMI pinned to its Bound set (``verdict`` a patch), write
-    ``gpuplane.io/admitted`` on the set's first member, conditioned on the record the decision
-    read (``binder.runtime.admissions``): a pass moving or releasing the set at the same time
-    then fails instead. When the webhook's write fails (a pass moved the set first), read
-    again and decide afresh: the new pin, a bind request, or a refusal. Dry runs write nothing.
+    """Before allowing a VMI pinned to its Bound set (``verdict`` a patch), stamp the set's first
+    member admitted, conditioned on the placement the decision read
+    (``binder.runtime.admissions``): a pass moving or releasing the set at the same time then
+    leaves it instead. When the stamp matches nothing (a pass moved the set first), read again
+    and decide afresh: the new pin, a bind request, or a refusal. Dry runs write nothing.
     """
     for _ in range(PIN_TRIES):
         if verdict.action is not Action.PATCH or review.dry_run:

@@ -256,10 +256,11 @@ class Device:
     code switches on, so nothing reads the sentence's words. Empty for a reason written
     before codes were kept."""
     admitted: datetime | None = None
-    """The ``gpuplane.io/admitted`` annotation, on a set's first member only: when the webhook
-    last allowed a VMI pinned to where the set is Bound. Its write and a pass's move of the
-    set exclude each other (each is conditioned on the version it read), so a record that
-    differs from the one a pass decided from makes the pass leave the set where it is."""
+    """The admitted stamp, on a set's first member only: when the webhook last allowed a VMI
+    pinned to where the set is Bound (written on the mirror's row; an older release wrote it as
+    the ``gpuplane.io/admitted`` annotation, still read). Its write and a pass's move of the
+    set exclude each other (``binder.runtime.admissions``), so a record that differs from the
+    one a pass decided from makes the pass leave the set where it is."""
     keep_node: bool = False
     """The ``gpuplane.io/keep-node: "true"`` annotation: the VM is tied to its node (node-local
     storage, say), so its set is never moved to make room for another."""

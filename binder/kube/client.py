@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from binder.kube.kinds import BY_KIND, Kind
-from binder.kube.resources import ADMITTED_ANNOTATION, BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION
+from binder.kube.resources import BIND_NODE_SELECTOR_ANNOTATION, BIND_REQUEST_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -218,13 +218,6 @@ class KubeApi:
         body = {
             "metadata": {"annotations": {BIND_REQUEST_ANNOTATION: request_id, BIND_NODE_SELECTOR_ANNOTATION: selector}}
         }
-        return self._typed(RESOURCES["GPU"], self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body))
-
-    def annotate_admitted(self, namespace: str, name: str, when: str, resource_version: str) -> dict[str, Any]:
-        """The webhook's ``gpuplane.io/admitted`` on a set's first member, only if the GPU is
-        still at ``resource_version`` (409 Conflict otherwise): the webhook's end of "admission
-        and moves exclude each other" (``binder.runtime.admissions``)."""
-        body = {"metadata": {"annotations": {ADMITTED_ANNOTATION: when}, "resourceVersion": resource_version}}
         return self._typed(RESOURCES["GPU"], self._call("PATCH", RESOURCES["GPU"].path(namespace, name), body=body))
 
 

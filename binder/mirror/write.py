@@ -47,6 +47,20 @@ log = logging.getLogger(__name__)
 #: Kinds whose rows keep the object's resourceVersion (the binder writes their status).
 VERSIONED = kube_kinds.STATUS_WRITTEN
 
+#: Fields whose change alone asks for no pass. The webhook's ``gpuplane.io/admitted`` stamp only
+#: makes a set less movable for a while (SPEC §4 "Making room": a set admitted in the grace is not
+#: movable); it never lets a pass place, move or release anything, so the pass such a change would
+#: queue (one per Bound VMI start) would find nothing to do.
+NO_PASS_FIELDS: Mapping[str, frozenset[str]] = {"GPU": frozenset({"admitted"})}
+
+#: A field the row keeps when a mirrored object carries an older value or none. The webhook
+#: stamps ``admitted`` on the row itself, in both modes (``binder.runtime.admissions``), never
+#: through the API: an object from the watch, a relist or a pass's PATCH response carries no
+#: stamp (or one an earlier release wrote as an annotation) and must not take the row's away.
+ROW_KEPT: Mapping[str, str] = {"GPU": "admitted"}
+
+ObjectKey = tuple[str, str]  # (namespace, name); "" for a cluster-scoped kind
+
 
 @dataclass
 class LoadReport:
@@ -250,7 +264,7 @@ def mirror_list(
             rows = _locked_versions(kind, [(p.namespace, p.name) for p in keep])
             fresh = [p for p in keep if not older(p.values["resource_version"], rows.get((p.namespace, p.name), ""))]
             stale_objects = len(keep) - len(fresh)
-            keep = fresh
+            keep = _with_row_kept(kind, fresh)
         write_parsed(keep)
         mark_refused(kind, refused)
         missing = {(row_id, ns, name) for row_id, ns, name, _ in _versions(kind) if (ns, name) not in wanted_keys}
@@ -338,7 +352,7 @@ def mirror_objects(
                     releasing.append(obj)
                 else:
                     released.append(key)  # gone, or its finalizer went: no note left
-        same = _same_content(kind, writing)
+        writing, same, quiet = _against_rows(kind, writing)
         writing = [p for p in writing if (p.namespace, p.name) not in same or _moved(kind, p, rows)]
         write_parsed(writing)
         if releasing:
@@ -353,8 +367,9 @@ def mirror_objects(
             last_invalid=last_invalid,
             deferred=deferred,
         )
-        # Only the version moved (a finalizer added, the binder's own write): nothing a pass reads.
-        if queue and (deleted or any((p.namespace, p.name) not in same for p in writing)):
+        # Only the version moved (a finalizer added, the binder's own write), or a field no pass
+        # acts on: nothing to queue a pass for.
+        if queue and (deleted or any((p.namespace, p.name) not in quiet for p in writing)):
             queue_auto_full_pass()
     return applied
 
@@ -363,21 +378,56 @@ def _moved(kind: str, parsed: Parsed, rows: Mapping[tuple[str, str], str]) -> bo
     return kind in VERSIONED and rows.get((parsed.namespace, parsed.name)) != parsed.values["resource_version"]
 
 
-def _same_content(kind: str, items: Sequence[Parsed]) -> set[tuple[str, str]]:
-    """Keys of ``items`` whose rows hold every field they would write (but the version)."""
+def _against_rows(kind: str, items: Sequence[Parsed]) -> tuple[list[Parsed], set[ObjectKey], set[ObjectKey]]:
+    """``items`` with the fields the rows keep (:data:`ROW_KEPT`) put back where the object
+    carries less; the keys whose rows already hold every field they would write (but the
+    version); and the keys whose rows differ at most in :data:`NO_PASS_FIELDS` (a superset)."""
     if not items:
-        return set()
+        return [], set(), set()
     by_key = {(p.namespace, p.name): p for p in items}
     fields = [f for f in items[0].values if f != "resource_version"]
+    no_pass = NO_PASS_FIELDS.get(kind, frozenset())
+    kept_field = ROW_KEPT.get(kind)
     model = MODELS[kind]
     rows = model.objects.filter(name__in={name for _, name in by_key}, parse_error="")
     namespace: Any = "namespace__name" if kube_client.RESOURCES[kind].namespaced else Value("")
-    same = set()
+    same, quiet = set(), set()
     for ns, name, *values in rows.values_list(namespace, "name", *fields):
         parsed = by_key.get((ns, name))
-        if parsed is not None and all(parsed.values[f] == v for f, v in zip(fields, values, strict=True)):
+        if parsed is None:
+            continue
+        row = dict(zip(fields, values, strict=True))
+        if kept_field is not None:
+            parsed = by_key[(ns, name)] = _kept_from_row(kind, parsed, row[kept_field])
+        differ = {f for f in fields if parsed.values[f] != row[f]}
+        if not differ:
             same.add((ns, name))
-    return same
+        if differ <= no_pass:
+            quiet.add((ns, name))
+    return [by_key[(p.namespace, p.name)] for p in items], same, quiet
+
+
+def _kept_from_row(kind: str, parsed: Parsed, stored: Any) -> Parsed:
+    """``parsed`` with the row's :data:`ROW_KEPT` field ``stored`` where the object carries an
+    older value or none."""
+    kept_field = ROW_KEPT.get(kind)
+    if kept_field is None or stored is None:
+        return parsed
+    carried = parsed.values[kept_field]
+    if carried is not None and carried >= stored:
+        return parsed
+    return dataclasses.replace(parsed, values={**parsed.values, kept_field: stored})
+
+
+def _with_row_kept(kind: str, items: list[Parsed]) -> list[Parsed]:
+    """``items`` with the :data:`ROW_KEPT` field of their rows put back (a relist's objects):
+    read from the rows that hold one, which are few (the first members of admitted sets)."""
+    kept_field = ROW_KEPT.get(kind)
+    if kept_field is None or not items:
+        return items
+    held = MODELS[kind].objects.exclude(**{f"{kept_field}__isnull": True})
+    stored = {(ns, name): value for ns, name, value in held.values_list("namespace__name", "name", kept_field)}
+    return [_kept_from_row(kind, p, stored.get((p.namespace, p.name))) for p in items]
 
 
 def forget_object(kind: str, namespace: str, name: str) -> int:

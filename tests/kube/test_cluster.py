@@ -23,9 +23,12 @@ import pytest
 
 from binder import apiserver as kube_connection
 from binder import models, sync
+from binder.actions import NODE_PATCHES
+from binder.engine.preview import NodeAction
 from binder.kube import client as kube_client
 from binder.kube.resources import GROUP
 from binder.mirror.write import mirror_event, mirror_list
+from binder.runtime import admissions
 from binder.runtime.passes import run_pass
 from harness.cluster_mode import (
     GPUS,
@@ -487,6 +490,70 @@ def test_webhook_writes_the_bind_request_annotation_and_the_answer_comes_back_as
         request = obj["metadata"]["annotations"]["gpuplane.io/bind-request"]
         assert request and obj["status"]["answeredRequest"] == request  # answered through /status
         assert obj["status"]["phase"] == "Bound" and obj["status"]["node"] == "n2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bound_sets_admission_writes_nothing_to_the_api_and_the_mirror_keeps_its_stamp(
+    apiserver: ControlPlane, client: Any
+) -> None:
+    """The webhook's admitted stamp before a pin is a write of the first member's row only
+    (binder/runtime/admissions.py): no apiserver write on a Bound VMI's start. The objects the
+    sync mirrors afterwards carry no stamp; the row keeps it, by watch event and by relist."""
+    seed_cluster(apiserver)
+    sync.sync_once()
+    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
+    allowed_patch(post(client, body), body)  # placed by its bind request
+    sync.sync_once()
+    apiserver.mark_calls()
+    again = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
+    pinned = allowed_patch(post(client, again), again)
+    assert pinned["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "n2"
+    assert [c for c in apiserver.calls(UNION_USER) if c.verb not in ("get", "list", "watch")] == []
+    stamp = models.GpuDevice.objects.get(name="vm9-gpu0").admitted
+    assert stamp is not None
+    apiserver.request("PATCH", f"{GPUS}/namespaces/t2/gpus/vm9-gpu0", {"metadata": {"labels": {"team": "x"}}})
+    changed = apiserver.request("GET", f"{GPUS}/namespaces/t2/gpus/vm9-gpu0")
+    mirror_event("GPU", "MODIFIED", changed)
+    row = models.GpuDevice.objects.get(name="vm9-gpu0")
+    assert (row.admitted, row.resource_version) == (stamp, changed["metadata"]["resourceVersion"])
+    apiserver.request("PATCH", f"{GPUS}/namespaces/t2/gpus/vm9-gpu0", {"metadata": {"labels": {"team": "y"}}})
+    sync.sync_once()  # a relist
+    row = models.GpuDevice.objects.get(name="vm9-gpu0")
+    assert row.admitted == stamp and row.resource_version != changed["metadata"]["resourceVersion"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_set_stamped_after_the_pass_read_it_stays_where_it_is_in_cluster_mode(
+    apiserver: ControlPlane, client: Any, monkeypatch: Any
+) -> None:
+    """The pass's end in cluster mode: a drain would take vm9's set off n2, but the webhook
+    stamps its first member after the pass's catch-up and before the pass locks the rows (here,
+    in the pass's own transaction, as a stamp that committed in between). The pass finds the
+    row is not the one it decided from: no member of the set is written, the VMI's pin holds."""
+    seed_cluster(apiserver)
+    sync.sync_once()
+    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
+    allowed_patch(post(client, body), body)
+    sync.sync_once()
+    apiserver.request("PATCH", "/api/v1/nodes/n2", NODE_PATCHES[NodeAction.DRAIN])
+    sync.sync_once()
+    locking = admissions.locked_devices
+
+    def stamped_first(object_ids: Any, state: Any, *, skip_locked: bool) -> Any:
+        first = models.GpuDevice.objects.get(namespace__name="t2", name="vm9-gpu0")
+        decided = state.records["GPU"][first.id]
+        assert admissions.admit(decided)
+        return locking(object_ids, state, skip_locked=skip_locked)
+
+    monkeypatch.setattr(admissions, "locked_devices", stamped_first)
+    apiserver.mark_calls()
+    run_pass("full")
+    status_writes = [c for c in apiserver.calls(UNION_USER) if c.verb == "patch" and "vm9" in c.name]
+    assert status_writes == []
+    assert {(d.phase, d.node) for d in models.GpuDevice.objects.filter(vm_name="vm9")} == {("Bound", "n2")}
+    monkeypatch.setattr(admissions, "locked_devices", locking)
+    run_pass("full")  # decided from the stamped row, with no VMI to keep it: the drain takes it
+    assert ("Bound", "n2") not in {(d.phase, d.node) for d in models.GpuDevice.objects.filter(vm_name="vm9")}
 
 
 @pytest.mark.django_db(transaction=True)

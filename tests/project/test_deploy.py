@@ -60,7 +60,7 @@ EXPECTED_RULES: dict[tuple[str, str, str], set[str]] = {
     **{("gpuplane-binder", GROUP, f"{r}/status"): {"patch"} for r in ("gpus", "gpuclasses", "gpubudgets")},
     ("gpuplane-binder", "kubevirt.io", "virtualmachineinstances"): {"get", "list"},
     # the web: the bind request annotation, VMIs for the tenant usage API.
-    ("gpuplane-webhook", GROUP, "gpus"): {"get", "patch"},
+    ("gpuplane-webhook", GROUP, "gpus"): {"patch"},
     ("gpuplane-web", "kubevirt.io", "virtualmachineinstances"): {"get", "list"},
     # the admin's node actions: the node's resourceVersion, then the cordon or drain patch.
     ("gpuplane-web", "", "nodes"): {"get", "patch"},

@@ -16,3 +16,18 @@ need_go() {
   # The toolchain on this machine, the modules as go.sum pins them, static binaries.
   export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 }
+
+# Callers building the same cache at once (make test beside a bench, two worktrees) wait for one
+# another instead of compiling the same packages twice on the same cores: the caller takes a lock
+# beside the cache, held until it exits, then checks again whether the one before it finished.
+#
+#   one_builder "$cache"     returns once this process holds the cache's build lock
+one_builder() {
+  local lock="${1%/*}/.${1##*/}.lock"
+  mkdir -p "${1%/*}"
+  exec 9>"$lock"
+  if ! flock -n 9; then
+    echo "${0##*/}: another build of ${1##*/} is running; waiting for it" >&2
+    flock 9
+  fi
+}

@@ -41,6 +41,11 @@ fi
 # shellcheck source=hack/go-env.sh
 . "$here/go-env.sh"
 need_go "kube-bin: the cluster tests need etcd and kube-apiserver: install Go >= 1.26 (https://go.dev/doc/install) or point KUBEBUILDER_ASSETS at envtest's binaries (setup-envtest use 1.37.x)"
+one_builder "$cache"
+if have_all "$cache" "${TOOLS[@]}"; then  # built by the caller we waited for
+  echo "$cache"
+  exit 0
+fi
 started=$(date +%s)
 echo "kube-bin: building ${TOOLS[*]} ${KUBE_VERSION} with $(go version | cut -d' ' -f3) into $cache" >&2
 echo "kube-bin: (a cold build takes several minutes on 2 cores: module download, then compile; later runs reuse the Go caches)" >&2

@@ -20,9 +20,11 @@ FILES=(virt-controller virtualmachineinstances.kubevirt.io.yaml crds.yaml virt-c
 # go.sum pins what is built; the commands' own source (the generator) changes the output too.
 key="$(cat "$module/go.sum" "$module"/cmd/*/main.go | sha256sum | cut -c1-16)"
 cache="${GPUPLANE_KUBE_CACHE:-$HOME/.cache/gpuplane/kube-bin}/kubevirt-$key"
-complete=1
-for file in "${FILES[@]}"; do [ -s "$cache/$file" ] || complete=0; done
-if [ "$complete" = 1 ]; then
+built() {
+  local file
+  for file in "${FILES[@]}"; do [ -s "$cache/$file" ] || return 1; done
+}
+if built; then
   echo "$cache"
   exit 0
 fi
@@ -30,6 +32,11 @@ fi
 # shellcheck source=hack/go-env.sh
 . "$here/go-env.sh"
 need_go "kubevirt-bin: the cluster tests need KubeVirt's CRDs and virt-controller, built from kubevirt.io/kubevirt ${KUBEVIRT_VERSION}: install Go >= 1.26 (https://go.dev/doc/install)"
+one_builder "$cache"
+if built; then  # built by the caller we waited for
+  echo "$cache"
+  exit 0
+fi
 started=$(date +%s)
 echo "kubevirt-bin: building virt-controller and KubeVirt's manifests of kubevirt.io/kubevirt ${KUBEVIRT_VERSION} into $cache" >&2
 cd "$module"

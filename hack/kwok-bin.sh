@@ -17,7 +17,8 @@ STAGES=(node/fast node/heartbeat-with-lease node/chaos pod/fast)
 
 key="$(sha256sum "$module/go.sum" | cut -c1-16)"
 cache="${GPUPLANE_KUBE_CACHE:-$HOME/.cache/gpuplane/kube-bin}/kwok-$key"
-if [ -x "$cache/kwok" ] && [ -s "$cache/stages.yaml" ]; then
+built() { [ -x "$cache/kwok" ] && [ -s "$cache/stages.yaml" ]; }
+if built; then
   echo "$cache"
   exit 0
 fi
@@ -25,6 +26,11 @@ fi
 # shellcheck source=hack/go-env.sh
 . "$here/go-env.sh"
 need_go "kwok-bin: the VM lifecycle tests need kwok ${KWOK_VERSION} to play the kubelets: install Go >= 1.26 (https://go.dev/doc/install)"
+one_builder "$cache"
+if built; then  # built by the caller we waited for
+  echo "$cache"
+  exit 0
+fi
 started=$(date +%s)
 echo "kwok-bin: building kwok ${KWOK_VERSION} into $cache" >&2
 cd "$module"

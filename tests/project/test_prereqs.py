@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +65,27 @@ def test_make_test_checks_the_prerequisites_before_building_or_running_anything(
         ).stdout.splitlines()
         assert plan[0] == check, plan
         assert any("pytest" in line for line in plan[1:])
+
+
+def test_a_second_build_of_the_same_go_cache_waits_for_the_first(tmp_path: Path) -> None:
+    """Two callers of the Go build scripts at once (``make test`` beside a bench) share the work:
+    the second waits for the first's lock and then finds its result, instead of compiling the
+    same packages on the same cores. Shown on ``one_builder`` of hack/go-env.sh with a stand-in
+    build that records when it ran."""
+    cache = tmp_path / "kube-bin" / "abc"
+    log = tmp_path / "log"
+    build = (
+        f". {ROOT / 'hack' / 'go-env.sh'}; one_builder {cache}; "
+        f'if [ -e {cache} ]; then echo "$1 found" >> {log}; exit 0; fi; '
+        f'echo "$1 builds" >> {log}; sleep 1; mkdir -p {cache}'
+    )
+    first = subprocess.Popen(["bash", "-c", build, "-", "first"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = subprocess.run(
+        ["bash", "-c", build, "-", "second"], capture_output=True, text=True, timeout=30, check=True
+    )
+    first.communicate(timeout=30)
+    assert log.read_text().splitlines() == ["first builds", "second found"]
+    assert "another build of abc is running; waiting for it" in second.stderr

@@ -224,6 +224,25 @@ def test_the_schema_is_generated_from_the_values_file() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_a_comment_line_beginning_with_a_flag_continues_the_description() -> None:
+    """``# -- `` (with its space) starts a description; a wrapped line that begins with an option
+    (``# --create-namespace ...``) is part of the text above it, not a new description."""
+    text = (
+        "namespace:\n"
+        "  # -- Render the namespace. Leave it off with `helm install\n"
+        "  # --create-namespace` (then label it yourself).\n"
+        "  create: false\n"
+    )
+    ((key, _, summary, _),) = chart_script().values_docs(text)
+    assert (key, summary) == (
+        "namespace.create",
+        "Render the namespace. Leave it off with `helm install --create-namespace` (then label it yourself).",
+    )
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    description = schema["properties"]["namespace"]["properties"]["create"]["description"]
+    assert description.startswith("Render the release's namespace"), description
+
+
 def test_the_schema_check_fails_on_a_stale_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     chart = chart_script()
     values = tmp_path / "values.yaml"

@@ -208,7 +208,7 @@ def base_files() -> dict[Path, str]:
 
 
 def values_docs(text: str) -> list[tuple[str, str, str, list[str]]]:
-    """(dotted key, default, summary, details) for every key documented with a ``# --`` comment
+    """(dotted key, default, summary, details) for every key documented with a ``# -- `` comment
     above it, in file order. The summary runs on over the following ``#`` lines; an empty ``#``
     line ends it, and what follows are the details: items each begun by a ``# - `` line (or one
     item of plain lines). The values table shows the summary, the details below it."""
@@ -218,7 +218,8 @@ def values_docs(text: str) -> list[tuple[str, str, str, list[str]]]:
     doc: list[str] | None = None
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith("# --"):
+        # `# -- ` with its space (helm-docs'): a wrapped line may begin with an option (`--flag`).
+        if stripped == "# --" or stripped.startswith("# -- "):
             doc = [stripped[4:].strip()]
             continue
         if stripped.startswith("# @schema"):

@@ -1,7 +1,8 @@
 """The Helm chart against a real control plane (etcd, kube-apiserver, kube-controller-manager): the
 rendered chart applied server-side (the CRDs for real, the rest with ``--dry-run=server``, so the
 apiserver validates every object as it would store it), and ``helm install``, ``upgrade`` and
-``uninstall`` leaving no object of the release behind (the CRDs stay, as Helm keeps them).
+``uninstall`` leaving no object of the release behind (the CRDs stay, as Helm keeps them; so does
+the Namespace a release renders with ``namespace.create``).
 
 The control plane is the session fixture ``control_plane`` (tests/conftest.py, harness/
 controlplane.py; ``.kubeconfig()`` is the admin's kubeconfig). The Prometheus
@@ -173,3 +174,32 @@ def install_upgrade_uninstall(
     assert not kubectl(kubeconfig, "-n", namespace, "get", "secrets", "-l", "owner=helm", "-o", "name").strip()
     for name in CRD_NAMES:  # kept, as Helm keeps crds/: deleting them would delete every GPU
         kubectl(kubeconfig, "get", "crd", name)
+
+
+def test_the_namespace_the_release_renders_is_kept_on_uninstall(kubeconfig: str, tmp_path: Path) -> None:
+    """``namespace.create``: the release owns its Namespace (Helm creates it, the chart's own then
+    gives it the Pod Security labels) and ``helm uninstall`` keeps it (``helm.sh/resource-policy:
+    keep``), and with it the Secrets created there, while every other object of the release goes."""
+    release, namespace = "chart-ns-gpuplane", "chart-ns"
+    base = ("--namespace", namespace, *CLUSTER_VALUES, "--set", "namespace.create=true")
+    try:
+        helm(kubeconfig, tmp_path, "install", release, str(CHART), "--create-namespace", *base)
+        owned = json.loads(kubectl(kubeconfig, "get", "namespace", namespace, "-o", "json"))["metadata"]
+        assert owned["annotations"]["meta.helm.sh/release-name"] == release, owned
+        assert owned["annotations"]["helm.sh/resource-policy"] == "keep", owned
+        assert owned["labels"]["pod-security.kubernetes.io/enforce"] == "restricted", owned
+        kubectl(kubeconfig, "-n", namespace, "create", "secret", "generic", "gpuplane-secrets",
+                "--from-literal=DJANGO_SECRET_KEY=test-only")  # fmt: skip
+
+        out = helm(kubeconfig, tmp_path, "uninstall", release, "--namespace", namespace, "--wait")
+        assert "kept due to the resource policy" in out and f"[Namespace] {namespace}" in out, out
+        deadline = time.monotonic() + 90
+        while (left := leftovers(kubeconfig, release)) != [f"namespace/{namespace}"] and time.monotonic() < deadline:
+            time.sleep(1)
+        assert left == [f"namespace/{namespace}"], f"left behind by helm uninstall: {left}"
+        kept = json.loads(kubectl(kubeconfig, "get", "namespace", namespace, "-o", "json"))
+        assert kept["status"]["phase"] == "Active" and "deletionTimestamp" not in kept["metadata"], kept
+        kubectl(kubeconfig, "-n", namespace, "get", "secret", "gpuplane-secrets")
+    finally:
+        helm(kubeconfig, tmp_path, "uninstall", release, "--namespace", namespace, "--ignore-not-found", check=False)
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)

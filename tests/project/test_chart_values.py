@@ -224,6 +224,25 @@ def test_the_schema_is_generated_from_the_values_file() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_a_comment_line_beginning_with_a_flag_continues_the_description() -> None:
+    """``# -- `` (with its space) starts a description; a wrapped line that begins with an option
+    (``# --create-namespace ...``) is part of the text above it, not a new description."""
+    text = (
+        "namespace:\n"
+        "  # -- Render the namespace. Leave it off with `helm install\n"
+        "  # --create-namespace` (then label it yourself).\n"
+        "  create: false\n"
+    )
+    ((key, _, summary, _),) = chart_script().values_docs(text)
+    assert (key, summary) == (
+        "namespace.create",
+        "Render the namespace. Leave it off with `helm install --create-namespace` (then label it yourself).",
+    )
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    description = schema["properties"]["namespace"]["properties"]["create"]["description"]
+    assert description.startswith("Render the release's namespace"), description
+
+
 def test_the_schema_check_fails_on_a_stale_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     chart = chart_script()
     values = tmp_path / "values.yaml"
@@ -324,12 +343,21 @@ def test_notes_say_what_to_check_next() -> None:
 
 def test_cert_manager_gets_an_issuer_and_a_certificate_the_injection_names() -> None:
     docs = render("webhook.certificates=cert-manager")
-    (issuer,) = of_kind(docs, "Issuer").values()
-    assert issuer["spec"] == {"selfSigned": {}}
-    certificate = of_kind(docs, "Certificate")["gpuplane-webhook"]
+    issuers, certificates = of_kind(docs, "Issuer"), of_kind(docs, "Certificate")
+    certificate = certificates["gpuplane-webhook"]
     assert certificate["spec"]["secretName"] == "gpuplane-webhook-tls"
     assert "gpuplane-webhook.gpuplane-system.svc" in certificate["spec"]["dnsNames"]
-    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    assert "isCA" not in certificate["spec"] and certificate["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    # Signed by a CA of the chart's (itself made by the self-signed Issuer), not self-signed: the
+    # caBundle the cainjector copies (the Secret's ca.crt) is that CA, the same after a renewal.
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": "gpuplane-ca"}
+    ca_secret = issuers["gpuplane-ca"]["spec"]["ca"]["secretName"]
+    (ca,) = [c for c in certificates.values() if c["spec"]["secretName"] == ca_secret]
+    assert ca["spec"]["isCA"] is True and ca["spec"]["duration"] == "87600h"
+    assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"  # serving pairs it signed stay valid
+    assert ca["spec"]["issuerRef"] == {"kind": "Issuer", "name": "gpuplane-selfsigned"}
+    assert issuers["gpuplane-selfsigned"]["spec"] == {"selfSigned": {}}
+    assert set(issuers) == {"gpuplane-selfsigned", "gpuplane-ca"} and len(certificates) == 2
     configuration = of_kind(docs, "MutatingWebhookConfiguration")["gpuplane-vmi"]
     # The cainjector reads a Certificate, not a Secret.
     assert configuration["metadata"]["annotations"] == {
@@ -340,6 +368,7 @@ def test_cert_manager_gets_an_issuer_and_a_certificate_the_injection_names() -> 
     theirs = render("webhook.certificates=cert-manager", "webhook.certManager.issuerRef.kind=ClusterIssuer",
                     "webhook.certManager.issuerRef.name=corp-ca")  # fmt: skip
     assert not of_kind(theirs, "Issuer")
+    assert set(of_kind(theirs, "Certificate")) == {"gpuplane-webhook"}
     assert of_kind(theirs, "Certificate")["gpuplane-webhook"]["spec"]["issuerRef"] == {
         "kind": "ClusterIssuer", "name": "corp-ca",
     }  # fmt: skip

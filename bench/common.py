@@ -56,6 +56,31 @@ def ensure_database(url: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def require_connections(url: str, need: int) -> int:
+    """Stop with a clear message unless the PostgreSQL server of ``url`` has ``need``
+    connections free (a bench's processes keep one per thread; the server is shared with other
+    runs, and a bench that hits ``too many clients`` mid-run loses its last rounds). Returns the
+    connections free."""
+    import psycopg
+
+    with psycopg.connect(admin_url(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int"
+            " - current_setting('superuser_reserved_connections')::int, count(*) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend'"
+        ).fetchone()
+    assert row is not None
+    usable, used = int(row[0]), int(row[1])
+    free = usable - used
+    if free < need:
+        raise SystemExit(
+            f"PostgreSQL at {urlparse(url).hostname}:{urlparse(url).port or 5432} has {free} of {usable} "
+            f"connections free ({used} in use); this bench needs about {need}: stop the other runs using it "
+            "or raise max_connections"
+        )
+    return free
+
+
 def vacuum_analyze(url: str) -> float:
     """``VACUUM ANALYZE`` the bench database; returns the seconds it took.
 

@@ -41,7 +41,8 @@ where each launcher ran on the pod itself (``spec.nodeName``), never on the VMI'
 
 Uses a PostgreSQL database of its own (default gpuplane_vmbench; dropped and made anew, dropped
 at the end unless ``--keep-database``) and Redis (``GPUPLANE_BENCH_REDIS_URL``, keys under a
-prefix of this run).
+prefix of this run). It stops before it starts when the server has fewer than
+:data:`CONNECTIONS` connections free (another run sharing it would make it fail mid-run).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Watch, drop_database, ensure_database, setup_django
+from bench.common import Watch, drop_database, ensure_database, require_connections, setup_django
 from bench.common import pct as _pct
 from bench.kube_bench import proc_cpu_seconds
 from bench.servers import REDIS_URL
@@ -815,8 +816,15 @@ class Bench:
         return rows
 
 
+#: PostgreSQL connections a run keeps open at most: the webhook server's threads (2 processes ×
+#: 16, one each once used), the sync, the binder worker and beat, the bench's creators and its
+#: CPU reader.
+CONNECTIONS = 50
+
+
 @contextlib.contextmanager
 def database(url: str, keep: bool) -> Iterator[None]:
+    require_connections(url, CONNECTIONS)
     drop_database(url)
     ensure_database(url)
     setup_django(url, migrate=True)

@@ -453,22 +453,12 @@ class Bench:
         them itself from arrival to answer (``gpuplane_webhook_review_seconds``, every outcome)."""
         import urllib.request
 
-        from prometheus_client.parser import text_string_to_metric_families
+        from harness.prometheus import histogram_totals
 
         headers = {"Authorization": f"Bearer {self.metrics_token}"}
         request = urllib.request.Request(self.metrics_url, headers=headers)  # noqa: S310 - loopback, http
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback, http
-            text = response.read().decode()
-        calls = seconds = 0.0
-        for family in text_string_to_metric_families(text):
-            if family.name != "gpuplane_webhook_review_seconds":
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_count"):
-                    calls += sample.value
-                elif sample.name.endswith("_sum"):
-                    seconds += sample.value
-        return calls, seconds
+            return histogram_totals(response.read().decode(), "gpuplane_webhook_review_seconds")
 
     def exclude_from_webhook(self, namespace: str) -> None:
         """Leave ``namespace`` out of deploy/'s webhook registration: its VMIs never reach

@@ -25,6 +25,7 @@ from harness.controlplane.audit import AuditLog
 from harness.controlplane.certificates import Pki
 from harness.controlplane.processes import START_TIMEOUT, Process, wait_ready
 from harness.ports import free_port
+from harness.prometheus import histogram_totals
 
 #: gpuplane's namespace in deploy/ and the ServiceAccounts it gives each process.
 SYSTEM_NAMESPACE = "gpuplane-system"
@@ -242,17 +243,5 @@ class ApiServer:
     def webhook_seconds(self, webhook: str) -> tuple[float, float]:
         """(calls, seconds) the apiserver has spent calling admission ``webhook`` since it
         started, from its own ``/metrics``: the webhook's share of a create as the caller sees it."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        calls = seconds = 0.0
-        for family in text_string_to_metric_families(self.raw("GET", "/metrics")):
-            if family.name != "apiserver_admission_webhook_admission_duration_seconds":
-                continue
-            for sample in family.samples:
-                if sample.labels.get("name") != webhook:
-                    continue
-                if sample.name.endswith("_count"):
-                    calls += sample.value
-                elif sample.name.endswith("_sum"):
-                    seconds += sample.value
-        return calls, seconds
+        metric = "apiserver_admission_webhook_admission_duration_seconds"
+        return histogram_totals(self.raw("GET", "/metrics"), metric, name=webhook)

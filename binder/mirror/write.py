@@ -398,7 +398,7 @@ def _against_rows(kind: str, items: Sequence[Parsed]) -> tuple[list[Parsed], set
             continue
         row = dict(zip(fields, values, strict=True))
         if kept_field is not None:
-            parsed = by_key[(ns, name)] = _kept_from_row(kind, parsed, row[kept_field])
+            parsed = by_key[(ns, name)] = _kept_from_row(parsed, kept_field, row[kept_field])
         differ = {f for f in fields if parsed.values[f] != row[f]}
         if not differ:
             same.add((ns, name))
@@ -407,11 +407,10 @@ def _against_rows(kind: str, items: Sequence[Parsed]) -> tuple[list[Parsed], set
     return [by_key[(p.namespace, p.name)] for p in items], same, quiet
 
 
-def _kept_from_row(kind: str, parsed: Parsed, stored: Any) -> Parsed:
-    """``parsed`` with the row's :data:`ROW_KEPT` field ``stored`` where the object carries an
-    older value or none."""
-    kept_field = ROW_KEPT.get(kind)
-    if kept_field is None or stored is None:
+def _kept_from_row(parsed: Parsed, kept_field: str, stored: Any) -> Parsed:
+    """``parsed`` with the row's value ``stored`` of its :data:`ROW_KEPT` field where the object
+    carries an older value or none."""
+    if stored is None:
         return parsed
     carried = parsed.values[kept_field]
     if carried is not None and carried >= stored:
@@ -427,7 +426,7 @@ def _with_row_kept(kind: str, items: list[Parsed]) -> list[Parsed]:
         return items
     held = MODELS[kind].objects.exclude(**{f"{kept_field}__isnull": True})
     stored = {(ns, name): value for ns, name, value in held.values_list("namespace__name", "name", kept_field)}
-    return [_kept_from_row(kind, p, stored.get((p.namespace, p.name))) for p in items]
+    return [_kept_from_row(p, kept_field, stored.get((p.namespace, p.name))) for p in items]
 
 
 def forget_object(kind: str, namespace: str, name: str) -> int:

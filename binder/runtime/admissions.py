@@ -215,17 +215,14 @@ def hold_first_members(result: PassResult, state: ClusterState) -> tuple[PassRes
 
 
 def admit(decided: e.Device, now: datetime | None = None) -> bool:
-    """Write ``gpuplane.io/admitted`` on the set's first member ``decided`` (the record the
-    webhook decided to pin from), conditioned on what it read; False when a pass moved or
-    released the set meanwhile (the caller reads again and decides afresh). The same write in
-    both modes: the row of the mirror (see the module's docstring for cluster mode)."""
-    return _stamp_row(decided, now or timezone.now())
+    """Stamp the set's first member ``decided`` (the record the webhook decided to pin from)
+    admitted at ``now``, conditioned on what it read; False when a pass moved or released the set
+    meanwhile (the caller reads again and decides afresh). The same write in both modes: the row
+    of the mirror (see the module's docstring for cluster mode).
 
-
-def _stamp_row(decided: e.Device, when: datetime) -> bool:
-    """One ``UPDATE`` of the first member's row, only while it is still Bound on the
-    node decided from. A pass moving the set holds that row's lock (:func:`locked_devices`)
-    until it commits; the ``UPDATE`` waits for it and then no longer matches the moved row.
+    One ``UPDATE`` of the first member's row, only while it is still Bound on the node decided
+    from. A pass moving the set holds that row's lock (:func:`locked_devices`) until it commits;
+    the ``UPDATE`` waits for it and then no longer matches the moved row.
 
     One statement in one round trip, written out rather than through the ORM: every Bound
     admission runs it, and the ORM's update across the namespace join compiled a subquery per
@@ -239,6 +236,7 @@ def _stamp_row(decided: e.Device, when: datetime) -> bool:
     device's placement. Inside a caller's transaction the setting is left alone (it would
     apply to the caller's whole commit).
     """
+    when = now or timezone.now()
     devices, namespaces = models.GpuDevice._meta.db_table, models.Namespace._meta.db_table
     unflushed = connection.vendor == "postgresql" and not connection.in_atomic_block
     with_unflushed = "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) " if unflushed else ""

@@ -492,6 +492,16 @@ def test_webhook_writes_the_bind_request_annotation_and_the_answer_comes_back_as
         assert obj["status"]["phase"] == "Bound" and obj["status"]["node"] == "n2"
 
 
+def vm9_placed_by_its_bind_request(apiserver: ControlPlane, client: Any) -> None:
+    """The seeded cluster, with t2/vm9's set Bound on n2 by its VMI's first admission (a bind
+    request, answered) and the answer mirrored."""
+    seed_cluster(apiserver)
+    sync.sync_once()
+    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
+    allowed_patch(post(client, body), body)
+    sync.sync_once()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_bound_sets_admission_writes_nothing_to_the_api_and_the_mirror_keeps_its_stamp(
     apiserver: ControlPlane, client: Any
@@ -499,11 +509,7 @@ def test_a_bound_sets_admission_writes_nothing_to_the_api_and_the_mirror_keeps_i
     """The webhook's admitted stamp before a pin is a write of the first member's row only
     (binder/runtime/admissions.py): no apiserver write on a Bound VMI's start. The objects the
     sync mirrors afterwards carry no stamp; the row keeps it, by watch event and by relist."""
-    seed_cluster(apiserver)
-    sync.sync_once()
-    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
-    allowed_patch(post(client, body), body)  # placed by its bind request
-    sync.sync_once()
+    vm9_placed_by_its_bind_request(apiserver, client)
     apiserver.mark_calls()
     again = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
     pinned = allowed_patch(post(client, again), again)
@@ -530,11 +536,7 @@ def test_a_set_stamped_after_the_pass_read_it_stays_where_it_is_in_cluster_mode(
     stamps its first member after the pass's catch-up and before the pass locks the rows (here,
     in the pass's own transaction, as a stamp that committed in between). The pass finds the
     row is not the one it decided from: no member of the set is written, the VMI's pin holds."""
-    seed_cluster(apiserver)
-    sync.sync_once()
-    body = review(new_vmi("t2", "vm9", ["vm9-gpu0", "vm9-gpu1"]))
-    allowed_patch(post(client, body), body)
-    sync.sync_once()
+    vm9_placed_by_its_bind_request(apiserver, client)
     apiserver.request("PATCH", "/api/v1/nodes/n2", NODE_PATCHES[NodeAction.DRAIN])
     sync.sync_once()
     locking = admissions.locked_devices

@@ -73,8 +73,9 @@ def require_connections(url: str, need: int) -> int:
     usable, used = int(row[0]), int(row[1])
     free = usable - used
     if free < need:
+        server = urlparse(url)
         raise SystemExit(
-            f"PostgreSQL at {urlparse(url).hostname}:{urlparse(url).port or 5432} has {free} of {usable} "
+            f"PostgreSQL at {server.hostname}:{server.port or 5432} has {free} of {usable} "
             f"connections free ({used} in use); this bench needs about {need}: stop the other runs using it "
             "or raise max_connections"
         )
